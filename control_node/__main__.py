@@ -1,0 +1,5 @@
+import sys
+
+from control_node.cli import main
+
+sys.exit(main())

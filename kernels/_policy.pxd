@@ -1,0 +1,64 @@
+# cython: language_level=3
+"""C-level interface of the policy kernel, for other Cython modules (the node's loop).
+
+``Policy.predict_ptr`` is the nogil entry point: it reads ``n_features`` float64
+values at ``x`` and returns the class index, or -1 when the logits are not finite
+(the caller must then act safely). It allocates nothing and touches no Python object.
+"""
+from libc.stdint cimport int64_t
+
+
+cdef extern from "mlp_core.h" nogil:
+    enum: MLP_MAX_LAYERS
+
+    ctypedef struct mlp_f64:
+        int n_layers
+        int dims[MLP_MAX_LAYERS + 1]
+        int pdims[MLP_MAX_LAYERS + 1]
+        int dot_form[MLP_MAX_LAYERS]
+        const double *mean
+        const double *scale
+        const double *W[MLP_MAX_LAYERS]
+        const double *b[MLP_MAX_LAYERS]
+        double *act[MLP_MAX_LAYERS + 1]
+
+    ctypedef struct mlp_f32:
+        int n_layers
+        int dims[MLP_MAX_LAYERS + 1]
+        int pdims[MLP_MAX_LAYERS + 1]
+        int dot_form[MLP_MAX_LAYERS]
+        const double *mean
+        const double *scale
+        const float *W[MLP_MAX_LAYERS]
+        const float *b[MLP_MAX_LAYERS]
+        float *act[MLP_MAX_LAYERS + 1]
+
+    void mlp_f64_init(mlp_f64 *m)
+    void mlp_f32_init(mlp_f32 *m)
+    const char *mlp_isa()
+    int mlp_f64_forward(mlp_f64 *m, const double *x)
+    int mlp_f32_forward(mlp_f32 *m, const double *x)
+    void mlp_f64_forward_batch(mlp_f64 *m, const double *X, Py_ssize_t n,
+                               Py_ssize_t row_stride, int64_t *out)
+    void mlp_f32_forward_batch(mlp_f32 *m, const double *X, Py_ssize_t n,
+                               Py_ssize_t row_stride, int64_t *out)
+    int64_t mlp_f64_chain(mlp_f64 *m, const double *X, Py_ssize_t n_rows,
+                          Py_ssize_t row_stride, Py_ssize_t iters)
+    int64_t mlp_f32_chain(mlp_f32 *m, const double *X, Py_ssize_t n_rows,
+                          Py_ssize_t row_stride, Py_ssize_t iters)
+
+
+cdef class Policy:
+    cdef mlp_f64 _m64
+    cdef mlp_f32 _m32
+    cdef bint _is_f32
+    cdef readonly int n_features
+    cdef readonly int n_classes
+    cdef readonly object spec
+    cdef object _arrays          # keeps every buffer the C struct points into alive
+    cdef object _bound           # the caller-owned input registered by bind_input
+    cdef const double *_bound_ptr
+
+    cdef int predict_ptr(self, const double *x) noexcept nogil
+    cdef const void *logits_ptr(self) noexcept nogil
+    cdef const double *_input_ptr(self, object x) except NULL

@@ -1,0 +1,260 @@
+/*
+ * Fused MLP forward pass: normalise -> (Dense + ReLU) * hidden -> Dense -> argmax.
+ *
+ * Plain C so that the compiler, not Cython, owns the vector code. One template,
+ * instantiated for double and float by MLP_DEFINE below.
+ *
+ * Layout (set up once by kernels/_policy.pyx, never changed afterwards):
+ *   act[0]      normalised input, padded to pdims[0] lanes (pad lanes stay 0)
+ *   act[l + 1]  output of dense layer l, padded to pdims[l + 1] (pad lanes stay 0)
+ *   W[l]        "axpy" form (dot_form[l] == 0): (dims[l], pdims[l+1]) row-major,
+ *               so one input value scales one contiguous row of outputs;
+ *               "dot" form (dot_form[l] == 1): (dims[l+1], pdims[l]) row-major,
+ *               one contiguous dot product per output. Narrow outputs (the
+ *               3-class head) are cheaper as dot products, wide ones as axpy.
+ *   b[l]        padded to pdims[l+1], pad lanes 0.
+ * Padding to a whole 64-byte block means the vector loops need no tail code:
+ * a 4 -> 13 -> 3 policy runs on 16-lane rows whose last 3 lanes are zero.
+ *
+ * SIMD without -march=native: the arithmetic is written on GCC/Clang vector
+ * types, so it is vectorised without fast-math. On x86-64 the kernels are
+ * compiled twice in this one file, for x86-64-v3 (AVX2 + FMA, 32-byte vectors)
+ * and for the baseline (SSE2, 16-byte vectors), and mlp_*_init() picks one at
+ * load time with __builtin_cpu_supports. MLP_NATIVE (CONTROL_NODE_NATIVE=1 at
+ * build time) compiles a single -march=native copy instead.
+ */
+#ifndef CONTROL_NODE_MLP_CORE_H
+#define CONTROL_NODE_MLP_CORE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define MLP_MAX_LAYERS 16
+#define MLP_BLOCK_BYTES 64   /* padding and alignment of every row */
+
+#if defined(__GNUC__)
+#define MLP_INLINE static inline __attribute__((always_inline))
+#else
+#define MLP_INLINE static inline
+#endif
+
+
+/* Accumulators are GCC vector-extension values, not arrays: arrays get spilled to
+ * the stack with mixed-width stores and reloads, and the failed store-to-load
+ * forwarding costs more than the arithmetic. One VT is one register (32 bytes
+ * with AVX2, 16 with SSE2); NB counts them. */
+#define MLP_AXPY_NB(T, VT, VI, NAME, NB, SETS)                                        \
+MLP_INLINE void NAME##_axpy_nb##NB(const T *restrict in, int n_in,                   \
+                                   const T *restrict W, int stride,                  \
+                                   const T *restrict b, T *restrict out, int relu) { \
+    VT acc0[NB], acc1[NB];                                                            \
+    for (int q = 0; q < NB; q++) { acc0[q] = ((const VT *)b)[q]; acc1[q] = (VT){0}; } \
+    int i = 0;                                                                        \
+    if (SETS == 2) {                                                                  \
+        for (; i + 1 < n_in; i += 2) {                                                \
+            const T x0 = in[i], x1 = in[i + 1];                                       \
+            const VT *w0 = (const VT *)(W + (size_t)i * stride);                      \
+            const VT *w1 = (const VT *)(W + (size_t)(i + 1) * stride);                \
+            for (int q = 0; q < NB; q++) { acc0[q] += x0 * w0[q]; acc1[q] += x1 * w1[q]; } \
+        }                                                                             \
+    }                                                                                 \
+    for (; i < n_in; i++) {                                                           \
+        const T x0 = in[i];                                                           \
+        const VT *w0 = (const VT *)(W + (size_t)i * stride);                          \
+        for (int q = 0; q < NB; q++) acc0[q] += x0 * w0[q];                           \
+    }                                                                                 \
+    for (int q = 0; q < NB; q++) {                                                    \
+        VT v = acc0[q] + acc1[q];                                                     \
+        /* zero where v < 0; NaN compares false and stays visible */                  \
+        if (relu) v = (VT)((VI)v & ~(VI)(v < 0));                                     \
+        ((VT *)out)[q] = v;                                                           \
+    }                                                                                 \
+}
+
+#define MLP_STRUCT(T, NAME)                                                           \
+typedef struct NAME##_s NAME;                                                         \
+struct NAME##_s {                                                                      \
+    int n_layers;                         /* dense layers: hidden + output */         \
+    int dims[MLP_MAX_LAYERS + 1];         /* true widths; dims[0] = features */       \
+    int pdims[MLP_MAX_LAYERS + 1];        /* widths rounded up to 64 bytes */         \
+    int dot_form[MLP_MAX_LAYERS];                                                     \
+    const double *mean;                   /* (dims[0],) float64 */                    \
+    const double *scale;                  /* (dims[0],) float64, never 0 */           \
+    const T *W[MLP_MAX_LAYERS];                                                       \
+    const T *b[MLP_MAX_LAYERS];                                                       \
+    T *act[MLP_MAX_LAYERS + 1];                                                       \
+    int (*forward)(NAME *, const double *);     /* chosen by NAME##_init */          \
+    void (*forward_batch)(NAME *, const double *, ptrdiff_t, ptrdiff_t, int64_t *);   \
+    int64_t (*chain)(NAME *, const double *, ptrdiff_t, ptrdiff_t, ptrdiff_t);        \
+};
+
+#define MLP_KERNELS(T, VT, VI, NAME, BLK, SFX)                                      \
+/* axpy form, NB blocks of BLK outputs at once: accumulators stay in registers. */ \
+/* NB <= 2 keeps two accumulator sets (even/odd inputs) to halve the FMA chain. */  \
+MLP_AXPY_NB(T, VT, VI, NAME##SFX, 1, 2)                                                    \
+MLP_AXPY_NB(T, VT, VI, NAME##SFX, 2, 2)                                                    \
+MLP_AXPY_NB(T, VT, VI, NAME##SFX, 3, 1)                                                    \
+MLP_AXPY_NB(T, VT, VI, NAME##SFX, 4, 1)                                                    \
+                                                                                      \
+MLP_INLINE void NAME##SFX##_layer_axpy(const T *restrict in, int n_in,                    \
+                                  const T *restrict W, const T *restrict b,          \
+                                  T *restrict out, int pn_out, int relu) {           \
+    int j0 = 0;                                                                       \
+    for (; pn_out - j0 >= 4 * BLK; j0 += 4 * BLK)                                     \
+        NAME##SFX##_axpy_nb4(in, n_in, W + j0, pn_out, b + j0, out + j0, relu);            \
+    switch ((pn_out - j0) / BLK) {                                                    \
+    case 3: NAME##SFX##_axpy_nb3(in, n_in, W + j0, pn_out, b + j0, out + j0, relu); break; \
+    case 2: NAME##SFX##_axpy_nb2(in, n_in, W + j0, pn_out, b + j0, out + j0, relu); break; \
+    case 1: NAME##SFX##_axpy_nb1(in, n_in, W + j0, pn_out, b + j0, out + j0, relu); break; \
+    default: break;                                                                   \
+    }                                                                                 \
+}                                                                                     \
+                                                                                      \
+/* dot form: one output per dot product over the padded input; the BLK partial */    \
+/* sums are added pairwise (a tree), never lane by lane. */                          \
+MLP_INLINE void NAME##SFX##_layer_dot(const T *restrict in, int pn_in,                    \
+                                 const T *restrict Wt, const T *restrict b,          \
+                                 T *restrict out, int n_out, int relu) {             \
+    const VT *xv = (const VT *)in;                                                    \
+    const int nb = pn_in / BLK;                                                       \
+    for (int j = 0; j < n_out; j++) {                                                 \
+        const VT *w = (const VT *)(Wt + (size_t)j * pn_in);                           \
+        VT acc = xv[0] * w[0];                                                        \
+        for (int q = 1; q < nb; q++) acc += xv[q] * w[q];                             \
+        T v = b[j];                                                                   \
+        for (int k = 0; k < BLK; k++) v += acc[k];                                    \
+        out[j] = (relu && v < 0) ? (T)0 : v;                                          \
+    }                                                                                 \
+}                                                                                     \
+                                                                                      \
+/* Forward pass for one sample. Returns the argmax (first maximum, as numpy), or */  \
+/* -1 when any logit is NaN or infinite: the caller must then act safely. */         \
+MLP_INLINE int NAME##SFX##_forward_inline(NAME *m, const double *x) {                     \
+    T *a0 = m->act[0];                                                                \
+    const int n0 = m->dims[0];                                                        \
+    for (int i = 0; i < n0; i++) a0[i] = (T)((x[i] - m->mean[i]) / m->scale[i]);      \
+    const int L = m->n_layers;                                                        \
+    for (int l = 0; l < L; l++) {                                                     \
+        const int relu = l + 1 < L;                                                   \
+        if (m->dot_form[l])                                                           \
+            NAME##SFX##_layer_dot(m->act[l], m->pdims[l], m->W[l], m->b[l],                \
+                             m->act[l + 1], m->dims[l + 1], relu);                    \
+        else                                                                          \
+            NAME##SFX##_layer_axpy(m->act[l], m->dims[l], m->W[l], m->b[l],                \
+                              m->act[l + 1], m->pdims[l + 1], relu);                  \
+    }                                                                                 \
+    const T *z = m->act[L];                                                           \
+    const int n_out = m->dims[L];                                                     \
+    /* Branch-free: a mispredicted compare per sample would cost more than the */    \
+    /* whole forward pass and stop consecutive samples from overlapping. */          \
+    int best = 0;                                                                     \
+    T best_v = z[0];                                                                  \
+    int finite = (z[0] - z[0]) == 0;   /* false for NaN and +-Inf */                  \
+    for (int j = 1; j < n_out; j++) {                                                 \
+        const T v = z[j];                                                             \
+        const int gt = v > best_v;                                                    \
+        finite &= (v - v) == 0;                                                       \
+        best += (j - best) & -gt;                                                     \
+        best_v = gt ? v : best_v;                                                     \
+    }                                                                                 \
+    return finite ? best : -1;                                                        \
+}                                                                                     \
+                                                                                      \
+static int NAME##_forward##SFX(NAME *m, const double *x) {                            \
+    return NAME##SFX##_forward_inline(m, x);                                               \
+}                                                                                     \
+                                                                                      \
+/* Rows of X (n, dims[0]) with a row stride in doubles; out receives n argmaxes. */  \
+static void NAME##_forward_batch##SFX(NAME *m, const double *X, ptrdiff_t n,          \
+                                     ptrdiff_t row_stride, int64_t *out) {           \
+    for (ptrdiff_t r = 0; r < n; r++)                                                 \
+        out[r] = NAME##SFX##_forward_inline(m, X + r * row_stride);                        \
+}                                                                                     \
+                                                                                      \
+/* Latency probe: each input row is chosen by the previous answer, so sample k+1 */  \
+/* cannot start before sample k ends. Returns a checksum that keeps it all live. */  \
+static int64_t NAME##_chain##SFX(NAME *m, const double *X, ptrdiff_t n_rows,          \
+                                ptrdiff_t row_stride, ptrdiff_t iters) {             \
+    int64_t sum = 0;                                                                  \
+    ptrdiff_t row = 0;                                                                \
+    for (ptrdiff_t k = 0; k < iters; k++) {                                           \
+        int a = NAME##SFX##_forward_inline(m, X + row * row_stride);                       \
+        sum += a;                                                                     \
+        row += 1 + a;                                                                 \
+        if (row >= n_rows) row -= n_rows;                                             \
+    }                                                                                 \
+    return sum;                                                                       \
+}
+
+/* 32-byte vectors: native on AVX2, two per register pair on SSE2; the AVX-512 clone
+ * uses them as ymm, which Zen 4 runs at the same rate as zmm. */
+
+MLP_STRUCT(double, mlp_f64)
+MLP_STRUCT(float, mlp_f32)
+
+#if defined(MLP_NATIVE) || !defined(__x86_64__) || !defined(__GNUC__)
+/* One copy for the build machine (or a non-x86 target): 32-byte vectors. */
+typedef double mlp_v4d __attribute__((vector_size(32)));
+typedef int64_t mlp_v4l __attribute__((vector_size(32)));
+typedef float mlp_v8f __attribute__((vector_size(32)));
+typedef int32_t mlp_v8i __attribute__((vector_size(32)));
+MLP_KERNELS(double, mlp_v4d, mlp_v4l, mlp_f64, 4, _one)
+MLP_KERNELS(float, mlp_v8f, mlp_v8i, mlp_f32, 8, _one)
+#define MLP_PICK(NAME, m) do { (m)->forward = NAME##_forward_one; (m)->forward_batch = NAME##_forward_batch_one; \
+                               (m)->chain = NAME##_chain_one; } while (0)
+static const char *mlp_isa(void) {
+#if defined(MLP_NATIVE)
+    return "native";
+#else
+    return "generic";
+#endif
+}
+#else
+/* Baseline x86-64: SSE2, 16-byte vectors (wider generic vectors are lowered badly). */
+typedef double mlp_v2d __attribute__((vector_size(16)));
+typedef int64_t mlp_v2l __attribute__((vector_size(16)));
+typedef float mlp_v4f __attribute__((vector_size(16)));
+typedef int32_t mlp_v4i __attribute__((vector_size(16)));
+MLP_KERNELS(double, mlp_v2d, mlp_v2l, mlp_f64, 2, _sse2)
+MLP_KERNELS(float, mlp_v4f, mlp_v4i, mlp_f32, 4, _sse2)
+
+#pragma GCC push_options
+#pragma GCC target("arch=x86-64-v3")
+typedef double mlp_v4d __attribute__((vector_size(32)));
+typedef int64_t mlp_v4l __attribute__((vector_size(32)));
+typedef float mlp_v8f __attribute__((vector_size(32)));
+typedef int32_t mlp_v8i __attribute__((vector_size(32)));
+MLP_KERNELS(double, mlp_v4d, mlp_v4l, mlp_f64, 4, _avx2)
+MLP_KERNELS(float, mlp_v8f, mlp_v8i, mlp_f32, 8, _avx2)
+#pragma GCC pop_options
+
+static int mlp_has_avx2(void) {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+}
+#define MLP_PICK(NAME, m) do {                                                        \
+    if (mlp_has_avx2()) { (m)->forward = NAME##_forward_avx2;                         \
+        (m)->forward_batch = NAME##_forward_batch_avx2; (m)->chain = NAME##_chain_avx2; } \
+    else { (m)->forward = NAME##_forward_sse2;                                        \
+        (m)->forward_batch = NAME##_forward_batch_sse2; (m)->chain = NAME##_chain_sse2; } \
+} while (0)
+static const char *mlp_isa(void) { return mlp_has_avx2() ? "avx2+fma" : "sse2"; }
+#endif
+
+/* Choose the kernels for this CPU; call once after filling the struct. */
+static void mlp_f64_init(mlp_f64 *m) { MLP_PICK(mlp_f64, m); }
+static void mlp_f32_init(mlp_f32 *m) { MLP_PICK(mlp_f32, m); }
+
+/* The entry points the rest of the code calls. */
+static inline int mlp_f64_forward(mlp_f64 *m, const double *x) { return m->forward(m, x); }
+static inline int mlp_f32_forward(mlp_f32 *m, const double *x) { return m->forward(m, x); }
+static inline void mlp_f64_forward_batch(mlp_f64 *m, const double *X, ptrdiff_t n, ptrdiff_t s, int64_t *o)
+{ m->forward_batch(m, X, n, s, o); }
+static inline void mlp_f32_forward_batch(mlp_f32 *m, const double *X, ptrdiff_t n, ptrdiff_t s, int64_t *o)
+{ m->forward_batch(m, X, n, s, o); }
+static inline int64_t mlp_f64_chain(mlp_f64 *m, const double *X, ptrdiff_t n, ptrdiff_t s, ptrdiff_t it)
+{ return m->chain(m, X, n, s, it); }
+static inline int64_t mlp_f32_chain(mlp_f32 *m, const double *X, ptrdiff_t n, ptrdiff_t s, ptrdiff_t it)
+{ return m->chain(m, X, n, s, it); }
+
+#endif
