@@ -1,0 +1,31 @@
+"""control-node bench WHAT: benchmarks that compare against peers side by side in one run.
+
+Each benchmark is ``bench/<what>.py`` with ``main(argv) -> int``.
+"""
+import importlib
+
+BENCHMARKS = {
+    "kernel": "per-sample policy inference: kernel vs numpy, scikit-learn, onnxruntime, torch",
+    "loop": "1 kHz loop wake-up latency and round trip: node vs cyclictest vs a naive Python loop",
+    "replay": "lockstep replay throughput through the node vs a bare pyzmq echo",
+    "soak": "long run at 1 kHz with the simulator: RSS, file descriptors, misses",
+}
+
+
+def register(sub):
+    b = sub.add_parser("bench", help="benchmarks, side by side against peers in one run",
+                       description="Benchmarks. " + "; ".join(f"{k}: {v}" for k, v in BENCHMARKS.items())
+                       + ". Pass --help after the name for its options.")
+    b.add_argument("what", choices=sorted(BENCHMARKS), help="which benchmark")
+    b.add_argument("rest", nargs="...", help="options for that benchmark (see `control-node bench WHAT --help`)")
+    return b
+
+
+def run(args):
+    try:
+        module = importlib.import_module(f"bench.{args.what}")
+    except ModuleNotFoundError as e:
+        if e.name == f"bench.{args.what}":
+            raise SystemExit(f"control-node bench: '{args.what}' is not built yet")
+        raise
+    return module.main(args.rest)
