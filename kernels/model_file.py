@@ -119,6 +119,14 @@ def _require(data, path, key):
     return data[key]
 
 
+def _numeric(data, path, key, kinds="fiu"):
+    """``_require`` plus a check that the array holds numbers (not strings or booleans)."""
+    arr = _require(data, path, key)
+    if arr.dtype.kind not in kinds:
+        raise ModelFileError(path, key, f"has dtype {arr.dtype}, expected numbers", "re-export the model")
+    return arr
+
+
 def load_model(path) -> ModelSpec:
     """Read and validate a model file. Raises :class:`ModelFileError` naming the field."""
     if not os.path.exists(path):
@@ -137,14 +145,14 @@ def load_model(path) -> ModelSpec:
     dtype = str(_require(data, path, "dtype"))
     if dtype not in DTYPES:
         raise ModelFileError(path, "dtype", f"is {dtype!r}", f"use one of {DTYPES}")
-    sizes = _require(data, path, "layer_sizes")
+    sizes = _numeric(data, path, "layer_sizes", kinds="iu")
     if sizes.ndim != 1 or len(sizes) < 2 or (sizes < 1).any():
         raise ModelFileError(path, "layer_sizes", f"is {sizes.tolist()}",
                              "it must list at least [n_features, n_classes], all >= 1")
     layers = []
     for i in range(len(sizes) - 1):
-        W = _require(data, path, f"W{i}")
-        b = _require(data, path, f"b{i}")
+        W = _numeric(data, path, f"W{i}")
+        b = _numeric(data, path, f"b{i}")
         if W.shape != (sizes[i], sizes[i + 1]):
             raise ModelFileError(path, f"W{i}", f"has shape {W.shape}, layer_sizes implies "
                                  f"({sizes[i]}, {sizes[i + 1]})", "re-export the model")
@@ -154,12 +162,12 @@ def load_model(path) -> ModelSpec:
         layers.append((W, b))
     spec = ModelSpec(
         layers=layers,
-        mean=_require(data, path, "mean"),
-        scale=_require(data, path, "scale"),
+        mean=_numeric(data, path, "mean"),
+        scale=_numeric(data, path, "scale"),
         classes=_require(data, path, "classes").tolist(),
         feature_names=_require(data, path, "feature_names").tolist(),
         dtype=dtype,
-        check_X=data.get("check_X"),
+        check_X=_numeric(data, path, "check_X") if "check_X" in data else None,
         train_accuracy=float(data.get("train_accuracy", np.nan)),
         test_accuracy=float(data.get("test_accuracy", np.nan)),
         trainer=str(data.get("trainer", "unknown")),

@@ -1,0 +1,40 @@
+"""Shared fixtures. Keep this small: helpers used by more than one test module only."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+
+def random_spec(sizes, dtype="float64", seed=0, weight_scale=1.0):
+    """A :class:`kernels.ModelSpec` with random weights for layer widths ``sizes = [n_in, ..., n_out]``."""
+    from kernels import ModelSpec
+    rng = np.random.default_rng(seed)
+    layers = [(rng.normal(0.0, weight_scale / np.sqrt(n_in), size=(n_in, n_out)),
+               rng.normal(0.0, 0.1, size=n_out))
+              for n_in, n_out in zip(sizes[:-1], sizes[1:])]
+    d = sizes[0]
+    return ModelSpec(layers=layers, mean=rng.normal(0.0, 1.0, size=d), scale=rng.uniform(0.5, 2.0, size=d),
+                     classes=[f"c{i}" for i in range(sizes[-1])], feature_names=[f"x{i}" for i in range(d)],
+                     dtype=dtype, trainer="random")
+
+
+@pytest.fixture(scope="session")
+def make_spec():
+    """Factory: ``make_spec([4, 13, 3], dtype="float32", seed=1)`` -> ModelSpec with random weights."""
+    return random_spec
+
+
+@pytest.fixture(scope="session")
+def iris_spec():
+    """The default iris policy (4 -> 16 -> 3, float64, seed 0), trained once per session."""
+    from train.iris import train_iris
+    return train_iris()
+
+
+@pytest.fixture(scope="session")
+def iris_model_path(iris_spec, tmp_path_factory):
+    """A verified model file for :func:`iris_spec`."""
+    from train.iris import export_verified
+    path = tmp_path_factory.mktemp("models") / "iris.npz"
+    export_verified(iris_spec, path)
+    return path
