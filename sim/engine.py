@@ -1,0 +1,290 @@
+"""Closed-loop send/score engine shared by ``control-node sim`` and ``control-node replay``.
+
+Open loop: frame k goes out at ``t0 + offsets[k]`` (absolute schedule: wait on the action socket,
+then sleep, then a short spin). Lockstep: send frame i, wait for the action answering it, send the next.
+Every action received is matched to its frame by ``seq`` (the first action carrying a frame's seq is
+its answer). All per-frame arrays are preallocated; the loop only indexes them.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+import numpy as np
+
+from control_node.errors import UserError
+
+FORMAT = 1
+
+
+class Stopper:
+    """SIGINT/SIGTERM set a flag that the send loop checks every frame (stop cleanly, still write results)."""
+
+    def __init__(self):
+        self.stop = False
+        self._old = {}
+
+    def __enter__(self):
+        for s in (signal.SIGINT, signal.SIGTERM):
+            try:
+                self._old[s] = signal.signal(s, self._handler)
+            except ValueError:  # not the main thread
+                pass
+        return self
+
+    def _handler(self, signum, frame):
+        self.stop = True
+
+    def __exit__(self, *exc):
+        for s, h in self._old.items():
+            signal.signal(s, h)
+        return False
+
+
+class ClosedLoop:
+    def __init__(self, endpoints, tap=None, handshake_timeout=10.0):
+        import zmq
+        self.zmq = zmq
+        self.ctx = zmq.Context.instance()
+        self.endpoints = endpoints
+        self.pub = self.ctx.socket(zmq.PUB)
+        self.pub.setsockopt(zmq.LINGER, 200)
+        self.pub.setsockopt(zmq.SNDHWM, 100000)
+        self.pub.connect(endpoints["sensor"])
+        self.sub = self.ctx.socket(zmq.SUB)
+        self.sub.setsockopt(zmq.LINGER, 0)
+        self.sub.setsockopt(zmq.RCVHWM, 100000)
+        self.sub.setsockopt(zmq.SUBSCRIBE, b"")
+        self.sub.connect(endpoints["action"])
+        self.tap = None
+        if tap:
+            from sim.endpoints import ensure_ipc_dir
+            ensure_ipc_dir(tap)
+            self.tap = self.ctx.socket(zmq.PUB)
+            self.tap.setsockopt(zmq.LINGER, 200)
+            self.tap.setsockopt(zmq.SNDHWM, 100000)
+            try:
+                self.tap.bind(tap)
+            except zmq.ZMQError as e:
+                raise UserError(f"cannot bind sensor tap {tap}: {e}")
+        self.handshake_timeout = handshake_timeout
+        self.actions_received = 0
+        self.safe_actions = 0
+
+    def close(self):
+        for s in (self.pub, self.sub, self.tap):
+            if s is not None:
+                s.close()
+
+    def handshake(self, x0, stopper=None):
+        """Slow-joiner handshake: send warm-up frames (seq 0, 1, ...) every 20 ms until an action
+        answering one of them arrives. Returns the first seq free for real frames."""
+        import msgpack
+        zmq = self.zmq
+        deadline = time.monotonic() + self.handshake_timeout
+        w = 0
+        x0 = [float(v) for v in x0]
+        while time.monotonic() < deadline:
+            if stopper is not None and stopper.stop:
+                raise KeyboardInterrupt
+            self.pub.send(msgpack.packb({"seq": w, "t_ns": time.monotonic_ns(), "x": x0, "warmup": True}))
+            w += 1
+            t_end = time.monotonic() + 0.02
+            while True:
+                rem = t_end - time.monotonic()
+                if rem <= 0 or not self.sub.poll(max(1, int(rem * 1000))):
+                    break
+                while True:
+                    try:
+                        d = msgpack.unpackb(self.sub.recv(zmq.NOBLOCK))
+                    except zmq.Again:
+                        break
+                    if 0 <= d.get("seq", -1) < w:
+                        return w
+        raise UserError(f"no answer from a node within {self.handshake_timeout:g} s "
+                        f"(sensor {self.endpoints['sensor']}, action {self.endpoints['action']}); is it running?")
+
+    def run(self, stream, lockstep=False, answer_timeout=1.0, grace=0.3, spin_us=100, progress=False,
+            stopper=None, max_duration=None):
+        import msgpack
+        zmq = self.zmq
+        n = len(stream)
+        xl = stream.X.tolist()
+        truth = stream.truth
+        truth_l = truth.tolist()
+        drop = stream.drop.tolist()
+        offsets = stream.offsets_ns.tolist()
+        base = self.handshake(xl[0], stopper)
+        # drain whatever the handshake left
+        while True:
+            try:
+                self.sub.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+        t_send = np.zeros(n, dtype=np.int64)
+        t_act = np.zeros(n, dtype=np.int64)
+        action = np.full(n, -1, dtype=np.int16)
+        safe = np.zeros(n, dtype=bool)
+        sent = np.zeros(n, dtype=bool)
+        pack = msgpack.packb
+        unpack = msgpack.unpackb
+        mono = time.monotonic_ns
+        sub, pub, tap = self.sub, self.pub, self.tap
+        NOBLOCK = zmq.NOBLOCK
+        from select import select
+        fd = sub.getsockopt(zmq.FD)
+        Again = zmq.Again
+        counts = [0, 0]  # actions received, safe actions received
+
+        def drain():
+            while True:
+                try:
+                    raw = sub.recv(NOBLOCK)
+                except Again:
+                    return
+                t = mono()
+                d = unpack(raw)
+                counts[0] += 1
+                s = d["safe"]
+                if s:
+                    counts[1] += 1
+                k = d["seq"] - base
+                if 0 <= k < n and t_act[k] == 0:
+                    t_act[k] = t
+                    action[k] = d["action"]
+                    safe[k] = s
+
+        bar = None
+        if progress:
+            from tqdm import tqdm
+            bar = tqdm(total=n, unit="frame", mininterval=0.5, disable=None)
+        spin_ns = int(spin_us * 1000)
+        t0 = mono() + 1_000_000
+        stop_at = None if max_duration is None else t0 + int(max_duration * 1e9)
+        last_i = -1
+        for i in range(n):
+            if stopper is not None and stopper.stop:
+                break
+            if not lockstep:
+                target = t0 + offsets[i]
+                if stop_at is not None and target > stop_at:
+                    break
+                while True:
+                    rem = target - mono() - spin_ns
+                    if rem <= 0:
+                        break
+                    # the zmq FD is edge-triggered: always drain fully after a wake-up
+                    select([fd], [], [], rem / 1e9)
+                    drain()
+                while mono() < target:
+                    drain()
+            last_i = i
+            if drop[i]:
+                continue
+            t = mono()
+            tr = truth_l[i]
+            msg = {"seq": base + i, "t_ns": t, "x": xl[i]}
+            if tr >= 0:
+                msg["truth"] = tr
+            raw = pack(msg)
+            pub.send(raw)
+            t_send[i] = t
+            sent[i] = True
+            if tap is not None:
+                tap.send(raw)
+            if lockstep:
+                deadline = t + int(answer_timeout * 1e9)
+                while t_act[i] == 0:
+                    rem = deadline - mono()
+                    if rem <= 0 or (stopper is not None and stopper.stop):
+                        break
+                    select([fd], [], [], rem / 1e9)
+                    drain()
+            if bar is not None and (i & 127) == 0:
+                bar.n = i + 1
+                bar.refresh()
+        else:
+            last_i = n - 1
+        # grace period: wait for the last answers
+        deadline = mono() + int(grace * 1e9)
+        while mono() < deadline:
+            if not (sent & (t_act == 0)).any():
+                break
+            if sub.poll(10):
+                drain()
+        drain()
+        if bar is not None:
+            bar.n = last_i + 1
+            bar.close()
+        self.actions_received, self.safe_actions = counts
+        m = sent
+        seq = np.arange(n, dtype=np.int64) + base
+        answered = t_act[m] > 0
+        rtt = np.where(t_act[m] > 0, t_act[m] - t_send[m], -1).astype(np.int64)
+        return {
+            "seq": seq[m], "t_send_ns": t_send[m], "t_action_ns": t_act[m], "rtt_ns": rtt,
+            "truth": truth[m].astype(np.int16), "action": np.where(answered, action[m], -1).astype(np.int16),
+            "safe": safe[m] & answered, "frames_in_stream": n, "frames_planned": last_i + 1, "seq_base": base,
+        }
+
+
+def percentiles(x):
+    x = np.asarray(x, dtype=np.int64)
+    if len(x) == 0:
+        return {"p50": None, "p90": None, "p99": None, "p999": None, "p9999": None, "max": None,
+                "mean": None, "count": 0}
+    q = np.percentile(x, [50, 90, 99, 99.9, 99.99])
+    return {"p50": int(q[0]), "p90": int(q[1]), "p99": int(q[2]), "p999": int(q[3]), "p9999": int(q[4]),
+            "max": int(x.max()), "mean": float(x.mean()), "count": int(len(x))}
+
+
+def summarize(res, loop, settings, role="sim", lockstep=False):
+    answered = res["rtt_ns"] >= 0
+    scored = answered & ~res["safe"] & (res["truth"] >= 0)
+    acc = float((res["action"][scored] == res["truth"][scored]).mean()) if scored.any() else None
+    return {
+        "role": role, "format": FORMAT,
+        "frames_sent": int(len(res["seq"])),
+        "frames_answered": int(answered.sum()),
+        "actions_received": int(loop.actions_received),
+        "actions_lost": int((~answered).sum()),
+        "safe_actions": int(loop.safe_actions),
+        "safe_answers": int((answered & res["safe"]).sum()),
+        "accuracy": acc,
+        "accuracy_count": int(scored.sum()),
+        "round_trip_ns": percentiles(res["rtt_ns"][answered]),
+        "lockstep": bool(lockstep),
+        "seq_base": int(res["seq_base"]),
+        "stream": settings,
+    }
+
+
+def write_run_dir(run_dir, summary, res):
+    os.makedirs(run_dir, exist_ok=True)
+    with open(os.path.join(run_dir, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=2)
+        f.write("\n")
+    np.savez(os.path.join(run_dir, "roundtrip.npz"), seq=res["seq"], t_send_ns=res["t_send_ns"],
+             t_action_ns=res["t_action_ns"], rtt_ns=res["rtt_ns"], truth=res["truth"],
+             action=res["action"], safe=res["safe"])
+
+
+def new_run_dir(role):
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return os.path.join("runs", f"{stamp}-{role}-{os.getpid()}")
+
+
+def fmt_ms(ns):
+    return "n/a" if ns is None else f"{ns / 1e6:.3f} ms"
+
+
+def print_summary(summary, run_dir):
+    rt = summary["round_trip_ns"]
+    acc = summary["accuracy"]
+    print(f"frames sent {summary['frames_sent']}, answered {summary['frames_answered']}, "
+          f"lost {summary['actions_lost']}, safe actions received {summary['safe_actions']}")
+    print(f"accuracy {'n/a' if acc is None else f'{acc:.4f}'} over {summary['accuracy_count']} answered frames")
+    print(f"round trip p50 {fmt_ms(rt['p50'])}  p99 {fmt_ms(rt['p99'])}  max {fmt_ms(rt['max'])}")
+    print(f"run directory: {run_dir}", flush=True)
