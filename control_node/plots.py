@@ -1,0 +1,243 @@
+"""PNG plots for ``control-node report`` (matplotlib, Agg backend, returned as PNG bytes).
+
+Every plot is O(n) numpy on the raw arrays and draws a bounded number of points whatever the run
+length: the timeline is decimated into at most ``MAX_BUCKETS`` buckets keeping each bucket's min and
+max (so a single spike in 3.6M cycles stays visible).
+"""
+from __future__ import annotations
+
+import io
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+from control_node import reports as R  # noqa: E402
+
+MAX_BUCKETS = 4000
+MAX_HIST_BINS = 4000
+COLORS = {"wake_latency_ns": "tab:blue", "cycle_time_ns": "tab:orange", "recv_ns": "tab:green",
+          "infer_ns": "tab:red", "publish_ns": "tab:purple", "period_ns": "tab:brown",
+          "input_age_ns": "tab:gray", "round_trip_ns": "tab:cyan"}
+
+
+def decimate_minmax(y: np.ndarray, n_buckets: int = MAX_BUCKETS):
+    """Split ``y`` into at most ``n_buckets`` contiguous buckets: (first index, min, max) per bucket."""
+    y = np.asarray(y)
+    n = y.size
+    if n == 0:
+        e = np.array([], dtype=np.int64)
+        return e, y[:0], y[:0]
+    b = min(n, n_buckets)
+    starts = (np.arange(b, dtype=np.int64) * n) // b
+    return starts, np.minimum.reduceat(y, starts), np.maximum.reduceat(y, starts)
+
+
+def bucket_any(mask: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """Per bucket (same ``starts`` as :func:`decimate_minmax`): does any element have ``mask`` set?"""
+    if mask.size == 0:
+        return mask[:0]
+    return np.logical_or.reduceat(mask, starts)
+
+
+def _png(fig) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100)
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def _us(v):
+    return np.asarray(v, dtype=np.float64) / 1e3
+
+
+def histogram(series: dict, title: str) -> bytes | None:
+    """cyclictest/OSADL style: linear x in microseconds, log y sample counts, one step line per series."""
+    series = {k: v for k, v in series.items() if v is not None and v.size}
+    if not series:
+        return None
+    fig, ax = plt.subplots(figsize=(10, 4.5))
+    hi = max(float(v.max()) for v in series.values()) / 1e3
+    lo = min(0.0, min(float(v.min()) for v in series.values()) / 1e3)
+    width = max(1.0, np.ceil((hi - lo) / MAX_HIST_BINS))  # 1 us bins like cyclictest unless too many
+    edges = np.arange(np.floor(lo), hi + width + 1e-9, width)
+    for name, v in series.items():
+        counts, _ = np.histogram(_us(v), bins=edges)
+        ax.step(edges[:-1], np.where(counts > 0, counts, np.nan), where="post", lw=1,
+                color=COLORS.get(name), label=f"{R.METRIC_TITLES[name]} (n={v.size}, max {v.max() / 1e3:.1f} us)")
+    ax.set_yscale("log")
+    ax.set_xlabel(f"latency (us), {width:g} us bins")
+    ax.set_ylabel("samples (log)")
+    ax.set_title(title)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return _png(fig)
+
+
+def timeline(arrays: dict, title: str, budget_ns=None, period_ns=None) -> bytes | None:
+    y = arrays["wake_latency_ns"]
+    if y.size == 0:
+        return None
+    cyc = arrays["cycle"]
+    starts, lo, hi = decimate_minmax(y)
+    x = cyc[starts]
+    flags = arrays["flags"]
+    fig, ax = plt.subplots(figsize=(10, 4.5))
+    ax.fill_between(x, _us(lo), _us(hi), step="post", color="tab:blue", alpha=0.35, lw=0,
+                    label=f"wake-up latency, min-max per bucket ({len(starts)} buckets of ~{max(1, y.size // len(starts))} cycles)")
+    ax.plot(x, _us(hi), drawstyle="steps-post", lw=0.6, color="tab:blue")
+    stale = bucket_any((flags & R.FLAG_STALE) != 0, starts)
+    if stale.any():
+        ax.plot(x[stale], _us(hi[stale]), "o", ms=3, color="orange", alpha=0.7, label=f"stale ({int(stale.sum())} buckets)")
+    miss = bucket_any((flags & R.FLAG_MISS) != 0, starts)
+    if miss.any():
+        ax.plot(x[miss], _us(hi[miss]), "x", ms=7, mew=1.5, color="red", label=f"deadline miss ({int(miss.sum())} buckets)")
+    if budget_ns:
+        ax.axhline(budget_ns / 1e3, color="green", ls="--", lw=1, label=f"p99 budget {budget_ns / 1e3:g} us")
+    ax.set_yscale("symlog", linthresh=10)
+    ax.set_xlabel("cycle")
+    ax.set_ylabel("wake-up latency (us)")
+    ax.set_title(title)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8, loc="upper right")
+    fig.tight_layout()
+    return _png(fig)
+
+
+def phases(stats: dict, title: str) -> bytes | None:
+    """Grouped bars: recv / infer / publish / cycle time at each percentile (log y)."""
+    names = [m for m in ("recv_ns", "infer_ns", "publish_ns", "cycle_time_ns") if stats.get(m, {}).get("count")]
+    if not names:
+        return None
+    keys = R.STAT_KEYS
+    fig, ax = plt.subplots(figsize=(10, 4.5))
+    w = 0.8 / len(names)
+    xs = np.arange(len(keys))
+    for i, m in enumerate(names):
+        vals = [stats[m][k] for k in keys]
+        vals = [np.nan if v is None else v / 1e3 for v in vals]
+        bars = ax.bar(xs + i * w - 0.4 + w / 2, vals, w, color=COLORS[m], label=R.METRIC_TITLES[m])
+        ax.bar_label(bars, fmt="%.1f", fontsize=6, rotation=90, padding=2)
+    ax.set_xticks(xs, [R.PCT_LABELS[k] for k in keys])
+    ax.set_yscale("log")
+    ax.set_ylabel("time (us, log)")
+    ax.set_title(title)
+    ax.grid(True, axis="y", which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.margins(y=0.25)
+    fig.tight_layout()
+    return _png(fig)
+
+
+def _pct_curve(v: np.ndarray):
+    """(1/(1-p), value) points on a log-spaced grid of p up to the last sample (numpy linear method)."""
+    n = v.size
+    top = max(1.0, np.log10(n))
+    k = np.linspace(0.0, top, 300)
+    p = 1.0 - 10.0 ** (-k)
+    q = np.percentile(v, p * 100.0)
+    return 1.0 / (1.0 - p), q
+
+
+def percentile_plot(series: dict, title: str, labels: dict | None = None) -> bytes | None:
+    """HdrHistogram-style percentile distribution: log x axis of 1/(1-p), labelled 90%, 99%, 99.9%..."""
+    series = {k: v for k, v in series.items() if v is not None}
+    if not series:
+        return None
+    fig, ax = plt.subplots(figsize=(10, 4.5))
+    xmax = 10.0
+    for name, v in series.items():
+        label = (labels or {}).get(name, R.METRIC_TITLES.get(name, name))
+        color = COLORS.get(name.split(":")[-1])
+        if isinstance(v, dict):  # summary percentiles only (ring incomplete)
+            pts = [(1 / (1 - p / 100), v.get(k)) for k, p in R.PCTS if v.get(k) is not None]
+            if pts:
+                xs, ys = zip(*pts)
+                ax.plot(xs, np.asarray(ys) / 1e3, "o--", color=color, label=label + " (summary.json)")
+                xmax = max(xmax, max(xs))
+            continue
+        if v.size == 0:
+            continue
+        x, q = _pct_curve(v)
+        ax.plot(x, q / 1e3, lw=1.5, color=color, label=label)
+        xmax = max(xmax, x[-1])
+    ax.set_xscale("log")
+    ticks = [1, 2, 10, 100, 1e3, 1e4, 1e5, 1e6, 1e7]
+    ticks = [t for t in ticks if t <= xmax * 1.01]
+    names = {1: "0%", 2: "50%", 10: "90%", 100: "99%", 1e3: "99.9%", 1e4: "99.99%", 1e5: "99.999%",
+             1e6: "99.9999%", 1e7: "99.99999%"}
+    ax.set_xticks(ticks, [names[t] for t in ticks])
+    ax.minorticks_off()
+    ax.set_xlim(1, max(10.0, xmax))
+    ax.set_yscale("log")
+    ax.set_xlabel("percentile (x axis is 1/(1-p), log)")
+    ax.set_ylabel("latency (us, log)")
+    ax.set_title(title)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left")
+    fig.tight_layout()
+    return _png(fig)
+
+
+def _series_for(run: "R.Run", names):
+    out = {}
+    for part, metrics in ((run.node, R.NODE_METRICS), (run.sim, R.SIM_METRICS)):
+        if part is None:
+            continue
+        for name, skey, *_ in metrics:
+            if name not in names:
+                continue
+            complete = part.complete if isinstance(part, R.NodeRun) else part.arrays is not None
+            if complete:
+                out[name] = R.metric_values(part, name)
+            elif isinstance(part.summary.get(skey), dict):
+                out[name] = part.summary[skey]
+    return out
+
+
+def run_plots(run: "R.Run") -> dict:
+    out = {}
+    label = run.label
+    node = run.node
+    if node is not None and node.arrays is not None:
+        a = node.arrays
+        note = "" if node.complete else f" (last {a['cycle'].size} cycles recorded)"
+        out["histogram"] = histogram({"wake_latency_ns": a["wake_latency_ns"], "cycle_time_ns": a["cycle_time_ns"]},
+                                     f"{label}: latency histogram{note}")
+        budget = (node.summary.get("budget") or {}).get("wake_latency_p99_ns")
+        out["timeline"] = timeline(a, f"{label}: wake-up latency per cycle{note}", budget)
+    if node is not None:
+        out["phases"] = phases(R.node_stats(node), f"{label}: per-phase time at each percentile")
+    elif run.sim is not None and run.sim.arrays is not None:
+        rtt = R.metric_values(run.sim, "round_trip_ns")
+        out["histogram"] = histogram({"round_trip_ns": rtt}, f"{label}: round-trip histogram")
+    out["percentiles"] = percentile_plot(
+        _series_for(run, ["wake_latency_ns", "cycle_time_ns", "input_age_ns", "round_trip_ns"]),
+        f"{label}: percentile distribution")
+    return {k: v for k, v in out.items() if v}
+
+
+def comparison_plot(runs) -> bytes | None:
+    series, labels = {}, {}
+    for r in runs:
+        for name, v in _series_for(r, ["wake_latency_ns", "round_trip_ns"]).items():
+            series[f"{r.label}:{name}"] = v
+            labels[f"{r.label}:{name}"] = f"{r.label} {R.METRIC_TITLES[name]}"
+    if not series:
+        return None
+    # distinct colours per run rather than per metric
+    fig_bytes = percentile_plot_multi(series, labels, "comparison: percentile distribution")
+    return fig_bytes
+
+
+def percentile_plot_multi(series, labels, title):
+    saved = dict(COLORS)
+    try:
+        for k in list(COLORS):
+            COLORS[k] = None  # let matplotlib cycle colours
+        return percentile_plot(series, title, labels)
+    finally:
+        COLORS.update(saved)
