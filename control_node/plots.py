@@ -65,9 +65,11 @@ def histogram(series: dict, title: str) -> bytes | None:
     edges = np.arange(np.floor(lo), hi + width + 1e-9, width)
     for name, v in series.items():
         counts, _ = np.histogram(_us(v), bins=edges)
-        ax.step(edges[:-1], np.where(counts > 0, counts, np.nan), where="post", lw=1,
+        # empty bins drop below the axis so that a lone outlier still shows as a spike
+        ax.step(edges[:-1], np.where(counts > 0, counts, 0.1), where="post", lw=1,
                 color=COLORS.get(name), label=f"{R.METRIC_TITLES[name]} (n={v.size}, max {v.max() / 1e3:.1f} us)")
     ax.set_yscale("log")
+    ax.set_ylim(bottom=0.8)
     ax.set_xlabel(f"latency (us), {width:g} us bins")
     ax.set_ylabel("samples (log)")
     ax.set_title(title)
@@ -85,7 +87,7 @@ def timeline(arrays: dict, title: str, budget_ns=None, period_ns=None) -> bytes 
     starts, lo, hi = decimate_minmax(y)
     x = cyc[starts]
     flags = arrays["flags"]
-    fig, ax = plt.subplots(figsize=(10, 4.5))
+    fig, ax = plt.subplots(figsize=(10, 5))
     ax.fill_between(x, _us(lo), _us(hi), step="post", color="tab:blue", alpha=0.35, lw=0,
                     label=f"wake-up latency, min-max per bucket ({len(starts)} buckets of ~{max(1, y.size // len(starts))} cycles)")
     ax.plot(x, _us(hi), drawstyle="steps-post", lw=0.6, color="tab:blue")
@@ -98,11 +100,12 @@ def timeline(arrays: dict, title: str, budget_ns=None, period_ns=None) -> bytes 
     if budget_ns:
         ax.axhline(budget_ns / 1e3, color="green", ls="--", lw=1, label=f"p99 budget {budget_ns / 1e3:g} us")
     ax.set_yscale("symlog", linthresh=10)
+    ax.set_ylim(bottom=min(0.0, float(lo.min()) / 1e3), top=float(hi.max()) / 1e3 * 2 + 10)
     ax.set_xlabel("cycle")
     ax.set_ylabel("wake-up latency (us)")
     ax.set_title(title)
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8, loc="upper right")
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=2, frameon=False)
     fig.tight_layout()
     return _png(fig)
 
@@ -165,9 +168,9 @@ def percentile_plot(series: dict, title: str, labels: dict | None = None) -> byt
         ax.plot(x, q / 1e3, lw=1.5, color=color, label=label)
         xmax = max(xmax, x[-1])
     ax.set_xscale("log")
-    ticks = [1, 2, 10, 100, 1e3, 1e4, 1e5, 1e6, 1e7]
+    ticks = [2, 10, 100, 1e3, 1e4, 1e5, 1e6, 1e7]
     ticks = [t for t in ticks if t <= xmax * 1.01]
-    names = {1: "0%", 2: "50%", 10: "90%", 100: "99%", 1e3: "99.9%", 1e4: "99.99%", 1e5: "99.999%",
+    names = {2: "50%", 10: "90%", 100: "99%", 1e3: "99.9%", 1e4: "99.99%", 1e5: "99.999%",
              1e6: "99.9999%", 1e7: "99.99999%"}
     ax.set_xticks(ticks, [names[t] for t in ticks])
     ax.minorticks_off()
