@@ -24,6 +24,9 @@ if sys.platform == "win32":
 extensions = [
     Extension("kernels._policy", ["kernels/_policy.pyx"], include_dirs=[numpy.get_include(), "kernels"],
               extra_compile_args=cflags, define_macros=macros),
+    Extension("control_node._rtloop", ["control_node/_rtloop.pyx"],
+              include_dirs=[numpy.get_include(), "kernels", "control_node"],
+              extra_compile_args=cflags, define_macros=macros),
 ]
 
 setup(ext_modules=cythonize(extensions, compiler_directives={"language_level": "3"},

@@ -1,0 +1,437 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
+"""The node's hot path: one cycle = wait for the tick, read, infer, write, record.
+
+Everything runs without the GIL and without touching a Python object: libzmq is
+called through function pointers taken from the library pyzmq itself loaded (no
+build-time link against pyzmq's privately named copy), frames are decoded by
+``frame_codec.h`` into a preallocated buffer, the policy runs through
+``Policy.predict_ptr``, and each cycle's figures go into preallocated arrays.
+Python sets it all up (``control_node.node``) and reads the results afterwards.
+"""
+import numpy as np
+
+cimport numpy as cnp
+from libc.stdint cimport int16_t, int64_t, uint8_t, uint64_t
+from libc.string cimport memcpy
+
+from kernels._policy cimport Policy
+
+cnp.import_array()
+
+
+cdef extern from "<time.h>" nogil:
+    ctypedef long time_t
+    cdef struct timespec:
+        time_t tv_sec
+        long tv_nsec
+    int clock_gettime(int clk, timespec *ts)
+    int clock_nanosleep(int clk, int flags, const timespec *req, timespec *rem)
+    enum: CLOCK_MONOTONIC
+    enum: TIMER_ABSTIME
+
+cdef extern from "<errno.h>" nogil:
+    enum: EAGAIN
+    enum: EINTR
+
+cdef extern from "frame_codec.h" nogil:
+    enum:
+        CN_OK
+        CN_OVERSIZED
+        CN_MULTIPART
+        CN_MALFORMED
+        CN_SEQ_NOT_INCREASING
+        CN_NON_FINITE_OUTPUT
+        CN_N_REASONS
+        CN_ACTION_BYTES
+    int cn_decode_frame(const uint8_t *buf, size_t len, int n_features, double *scratch,
+                        double *x_out, uint64_t *seq, int64_t *t_ns)
+    size_t cn_encode_action(uint8_t *out, int64_t seq, int64_t t_ns, uint64_t cycle, int action, int safe)
+
+cdef extern from "rt_hist.h" nogil:
+    enum: CN_HIST_BUCKETS
+    void cn_hist_record(int64_t *counts, int64_t v)
+
+ctypedef struct zmq_pollitem_t:
+    void *socket
+    int fd
+    short events
+    short revents
+
+ctypedef int (*zmq_recv_t)(void *s, void *buf, size_t n, int flags) noexcept nogil
+ctypedef int (*zmq_send_t)(void *s, const void *buf, size_t n, int flags) noexcept nogil
+ctypedef int (*zmq_getsockopt_t)(void *s, int opt, void *val, size_t *n) noexcept nogil
+ctypedef int (*zmq_errno_t)() noexcept nogil
+ctypedef int (*zmq_poll_t)(zmq_pollitem_t *items, int n, long timeout_ms) noexcept nogil
+
+cdef enum:
+    ZMQ_DONTWAIT = 1
+    ZMQ_RCVMORE = 13
+    ZMQ_POLLIN = 1
+
+# per-cycle flags (cycles.npz "flags")
+cdef enum:
+    FLAG_MISS = 1
+    FLAG_STALE = 2
+    FLAG_REJECTED = 4
+    FLAG_SAFE = 8
+    FLAG_NEW_FRAME = 16
+
+FLAGS = {"miss": FLAG_MISS, "stale": FLAG_STALE, "rejected": FLAG_REJECTED, "safe": FLAG_SAFE,
+         "new_frame": FLAG_NEW_FRAME}
+
+REASONS = ("ok", "oversized", "multipart", "malformed", "not_a_map", "missing_field", "wrong_type",
+           "feature_count", "non_finite", "seq_not_increasing", "non_finite_output")
+
+# streaming histograms (whole run): one row per quantity
+HIST_NAMES = ("wake_latency_ns", "cycle_time_ns", "input_age_ns", "recv_ns", "infer_ns", "publish_ns",
+              "period_ns")
+DEF H_WAKE = 0
+DEF H_CYCLE = 1
+DEF H_AGE = 2
+DEF H_RECV = 3
+DEF H_INFER = 4
+DEF H_PUB = 5
+DEF H_PERIOD = 6
+DEF N_HIST = 7
+
+
+cdef inline int64_t now_ns() noexcept nogil:
+    cdef timespec ts
+    clock_gettime(CLOCK_MONOTONIC, &ts)
+    return <int64_t> ts.tv_sec * 1000000000 + ts.tv_nsec
+
+
+cdef inline void sleep_until(int64_t t) noexcept nogil:
+    cdef timespec ts
+    ts.tv_sec = t // 1000000000
+    ts.tv_nsec = t % 1000000000
+    while clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR:
+        pass
+
+
+cdef class RtLoop:
+    """The cycle engine. Build once, call :meth:`run` once.
+
+    Parameters are plain numbers (validated by ``control_node.config``); socket
+    handles are pyzmq ``Socket.underlying`` addresses and ``fns`` maps libzmq
+    function names to addresses (``control_node.transport.libzmq_functions``).
+    """
+    cdef Policy policy
+    cdef void *sub
+    cdef void *pub
+    cdef zmq_recv_t z_recv
+    cdef zmq_send_t z_send
+    cdef zmq_getsockopt_t z_getsockopt
+    cdef zmq_errno_t z_errno
+    cdef zmq_poll_t z_poll
+    # settings
+    cdef public int64_t period_ns, deadline_ns, stale_after_ns, spin_ns, max_cycles, run_until_ns
+    cdef public int sensor_clock, catch_up_skip, safe_action, hold_last, n_features
+    cdef size_t rx_cap
+    # buffers
+    cdef object _keep
+    cdef uint8_t *rx
+    cdef uint8_t tx[96]
+    cdef double *x_cur
+    cdef double *x_new
+    cdef double *scratch
+    # counters (read by the diagnostics thread while running: benign races on int64)
+    cdef readonly int64_t cycles, deadline_misses, skipped_ticks, stale_cycles, safe_actions
+    cdef readonly int64_t superseded, frames_valid, send_failures, recv_errors, t0_ns, t_end_ns
+    cdef int64_t rejected[CN_N_REASONS]
+    cdef volatile int stop_flag
+    # ring of per-cycle records
+    cdef readonly int64_t capacity
+    cdef int64_t *r_cycle
+    cdef int64_t *r_tick
+    cdef int64_t *r_wake
+    cdef int64_t *r_recv
+    cdef int64_t *r_infer
+    cdef int64_t *r_pub
+    cdef int64_t *r_cycle_time
+    cdef int64_t *r_period
+    cdef int64_t *r_age
+    cdef uint8_t *r_flags
+    cdef int16_t *r_action
+    cdef int64_t *r_seq
+    cdef int64_t *hist
+    cdef readonly object ring
+    cdef readonly object histograms
+
+    def __init__(self, Policy policy, size_t sub_handle, size_t pub_handle, dict fns, *,
+                 int64_t period_ns, int64_t deadline_ns, int64_t stale_after_ns, int64_t spin_ns,
+                 int64_t max_cycles, bint sensor_clock, bint catch_up_skip, int safe_action, bint hold_last,
+                 size_t max_frame_bytes, int64_t ring_cycles):
+        self.policy = policy
+        self.n_features = policy.n_features
+        self.sub = <void *> sub_handle
+        self.pub = <void *> pub_handle
+        self.z_recv = <zmq_recv_t> <size_t> fns["zmq_recv"]
+        self.z_send = <zmq_send_t> <size_t> fns["zmq_send"]
+        self.z_getsockopt = <zmq_getsockopt_t> <size_t> fns["zmq_getsockopt"]
+        self.z_errno = <zmq_errno_t> <size_t> fns["zmq_errno"]
+        self.z_poll = <zmq_poll_t> <size_t> fns["zmq_poll"]
+        self.period_ns, self.deadline_ns, self.stale_after_ns = period_ns, deadline_ns, stale_after_ns
+        self.spin_ns, self.max_cycles = spin_ns, max_cycles
+        self.sensor_clock, self.catch_up_skip = sensor_clock, catch_up_skip
+        self.safe_action, self.hold_last = safe_action, hold_last
+        self.rx_cap = max_frame_bytes
+        self.run_until_ns = 0
+        # +1 byte: a frame that fills rx_cap + 1 is known to be oversized
+        rx = np.zeros(max_frame_bytes + 1, dtype=np.uint8)
+        xs = np.zeros((3, self.n_features), dtype=np.float64)
+        self.rx = <uint8_t *> cnp.PyArray_DATA(rx)
+        self.x_cur = <double *> cnp.PyArray_DATA(xs)
+        self.x_new = self.x_cur + self.n_features
+        self.scratch = self.x_new + self.n_features
+        self.capacity = max(ring_cycles, 1)
+        n = self.capacity
+        ring = {
+            "cycle": np.zeros(n, np.int64), "t_tick_ns": np.zeros(n, np.int64),
+            "wake_latency_ns": np.zeros(n, np.int64), "recv_ns": np.zeros(n, np.int64),
+            "infer_ns": np.zeros(n, np.int64), "publish_ns": np.zeros(n, np.int64),
+            "cycle_time_ns": np.zeros(n, np.int64), "period_ns": np.zeros(n, np.int64),
+            "input_age_ns": np.zeros(n, np.int64), "flags": np.zeros(n, np.uint8),
+            "action": np.zeros(n, np.int16), "seq": np.zeros(n, np.int64),
+        }
+        for a in ring.values():
+            a.fill(1)      # touch every page now (np.zeros maps them lazily)
+            a.fill(0)
+        self.ring = ring
+        self.histograms = np.zeros((N_HIST, CN_HIST_BUCKETS), dtype=np.int64)
+        self.hist = <int64_t *> cnp.PyArray_DATA(self.histograms)
+        self.r_cycle = <int64_t *> cnp.PyArray_DATA(ring["cycle"])
+        self.r_tick = <int64_t *> cnp.PyArray_DATA(ring["t_tick_ns"])
+        self.r_wake = <int64_t *> cnp.PyArray_DATA(ring["wake_latency_ns"])
+        self.r_recv = <int64_t *> cnp.PyArray_DATA(ring["recv_ns"])
+        self.r_infer = <int64_t *> cnp.PyArray_DATA(ring["infer_ns"])
+        self.r_pub = <int64_t *> cnp.PyArray_DATA(ring["publish_ns"])
+        self.r_cycle_time = <int64_t *> cnp.PyArray_DATA(ring["cycle_time_ns"])
+        self.r_period = <int64_t *> cnp.PyArray_DATA(ring["period_ns"])
+        self.r_age = <int64_t *> cnp.PyArray_DATA(ring["input_age_ns"])
+        self.r_flags = <uint8_t *> cnp.PyArray_DATA(ring["flags"])
+        self.r_action = <int16_t *> cnp.PyArray_DATA(ring["action"])
+        self.r_seq = <int64_t *> cnp.PyArray_DATA(ring["seq"])
+        self._keep = (rx, xs)
+        cdef int i
+        for i in range(CN_N_REASONS):
+            self.rejected[i] = 0
+
+    # ------------------------------------------------------------------ control
+    def request_stop(self):
+        """Ask the loop to finish its current cycle and return (safe from any thread)."""
+        self.stop_flag = 1
+
+    def rejected_counts(self):
+        """Rejected frames by reason (dict reason -> count)."""
+        return {REASONS[i]: self.rejected[i] for i in range(1, CN_N_REASONS)}
+
+    def run(self, int64_t t0_ns=0, int64_t run_until_ns=0):
+        """Run until stop is requested, ``max_cycles`` (timer clock) or ``run_until_ns``.
+
+        t0_ns: the first tick (CLOCK_MONOTONIC ns); 0 means one period from now.
+        """
+        if t0_ns == 0:
+            t0_ns = now_ns() + self.period_ns
+        self.t0_ns = t0_ns
+        self.run_until_ns = run_until_ns
+        with nogil:
+            if self.sensor_clock:
+                self._run_sensor_clock()
+            else:
+                self._run_timer_clock()
+        self.t_end_ns = now_ns()
+
+    # ------------------------------------------------------------------ hot path
+    cdef inline int _drain(self, int64_t *seq_out, int64_t *tns_out, int64_t *last_seq, bint *have_seq,
+                           bint accept_any_seq) noexcept nogil:
+        """Read every waiting frame; keep the newest valid one in x_cur. Returns 1 if one
+        was accepted, plus 2 if any was rejected."""
+        cdef int n, reason, more, got = 0, rej = 0
+        cdef size_t more_len
+        cdef uint64_t seq
+        cdef int64_t tns
+        while True:
+            n = self.z_recv(self.sub, self.rx, self.rx_cap + 1, ZMQ_DONTWAIT)
+            if n < 0:
+                if self.z_errno() != EAGAIN:
+                    self.recv_errors += 1
+                break
+            more = 0
+            more_len = sizeof(int)
+            self.z_getsockopt(self.sub, ZMQ_RCVMORE, &more, &more_len)
+            if more:
+                while more:   # discard the remaining parts of this message
+                    self.z_recv(self.sub, self.rx, self.rx_cap + 1, ZMQ_DONTWAIT)
+                    more = 0
+                    more_len = sizeof(int)
+                    self.z_getsockopt(self.sub, ZMQ_RCVMORE, &more, &more_len)
+                reason = CN_MULTIPART
+            elif <size_t> n > self.rx_cap:
+                reason = CN_OVERSIZED
+            else:
+                reason = cn_decode_frame(self.rx, n, self.n_features, self.scratch, self.x_new, &seq, &tns)
+                if reason == CN_OK and have_seq[0] and not accept_any_seq and <int64_t> seq <= last_seq[0]:
+                    reason = CN_SEQ_NOT_INCREASING
+            if reason != CN_OK:
+                self.rejected[reason] += 1
+                rej = 2
+                continue
+            if got:
+                self.superseded += 1
+            got = 1
+            self.frames_valid += 1
+            memcpy(self.x_cur, self.x_new, sizeof(double) * self.n_features)
+            last_seq[0] = <int64_t> seq
+            have_seq[0] = True
+            accept_any_seq = False
+            seq_out[0] = <int64_t> seq
+            tns_out[0] = tns
+        return got | rej
+
+    cdef inline void _publish(self, int64_t seq, int64_t tns, int action, bint safe) noexcept nogil:
+        cdef size_t n = cn_encode_action(self.tx, seq, tns, <uint64_t> self.cycles, action, safe)
+        if self.z_send(self.pub, self.tx, n, ZMQ_DONTWAIT) < 0:
+            self.send_failures += 1
+        if safe:
+            self.safe_actions += 1
+
+    cdef inline void _record(self, int64_t tick, int64_t wake_lat, int64_t t_wake, int64_t t_recv,
+                             int64_t t_infer, int64_t t_pub, int64_t period, int64_t age, uint8_t flags,
+                             int action, int64_t seq) noexcept nogil:
+        cdef int64_t i = self.cycles % self.capacity
+        self.r_cycle[i] = self.cycles
+        self.r_tick[i] = tick
+        self.r_wake[i] = wake_lat
+        self.r_recv[i] = t_recv - t_wake
+        self.r_infer[i] = t_infer - t_recv
+        self.r_pub[i] = t_pub - t_infer
+        self.r_cycle_time[i] = t_pub - t_wake
+        self.r_period[i] = period
+        self.r_age[i] = age
+        self.r_flags[i] = flags
+        self.r_action[i] = <int16_t> action
+        self.r_seq[i] = seq
+        cdef int64_t *h = self.hist
+        if wake_lat >= 0:
+            cn_hist_record(h + H_WAKE * CN_HIST_BUCKETS, wake_lat)
+        cn_hist_record(h + H_CYCLE * CN_HIST_BUCKETS, t_pub - t_wake)
+        if age >= 0:
+            cn_hist_record(h + H_AGE * CN_HIST_BUCKETS, age)
+        cn_hist_record(h + H_RECV * CN_HIST_BUCKETS, t_recv - t_wake)
+        cn_hist_record(h + H_INFER * CN_HIST_BUCKETS, t_infer - t_recv)
+        cn_hist_record(h + H_PUB * CN_HIST_BUCKETS, t_pub - t_infer)
+        cn_hist_record(h + H_PERIOD * CN_HIST_BUCKETS, period)
+        self.cycles += 1
+
+    cdef inline int _decide(self, int got, int64_t t_wake, int64_t *last_rx, int *last_action,
+                            bint *last_safe, bint *stale_state, uint8_t *flags) noexcept nogil:
+        """This cycle's action: the policy's for a new frame, the held one, or the safe one.
+        Sets FLAG_SAFE in flags when the safe action is chosen."""
+        cdef int a
+        if got & 1:
+            last_rx[0] = t_wake
+            stale_state[0] = False
+            flags[0] |= FLAG_NEW_FRAME
+            a = self.policy.predict_ptr(self.x_cur)
+            if a < 0:       # logits overflowed: never publish garbage
+                self.rejected[CN_NON_FINITE_OUTPUT] += 1
+                last_safe[0] = True
+            else:
+                last_action[0] = a
+                last_safe[0] = False
+        if last_rx[0] == 0 or t_wake - last_rx[0] > self.stale_after_ns:
+            stale_state[0] = True
+            self.stale_cycles += 1
+            flags[0] |= FLAG_STALE
+            last_safe[0] = True
+        if last_safe[0]:
+            flags[0] |= FLAG_SAFE
+            return last_action[0] if (self.hold_last and last_action[0] >= 0) else self.safe_action
+        return last_action[0]
+
+    cdef void _run_timer_clock(self) noexcept nogil:
+        cdef int64_t k = 0, tick, t_wake, t_recv, t_infer, t_pub, prev_wake = 0, now, k_next
+        cdef int64_t seq = -1, tns = -1, last_seq = -1, last_rx = 0, wake_lat, period
+        cdef bint have_seq = False, last_safe = True, stale_state = True
+        cdef int last_action = -1, got, action
+        cdef uint8_t flags
+        while not self.stop_flag:
+            if self.max_cycles > 0 and self.cycles >= self.max_cycles:
+                break
+            tick = self.t0_ns + k * self.period_ns
+            if self.run_until_ns > 0 and tick >= self.run_until_ns:
+                break
+            # sleep to just before the tick, then spin: sleeping alone wakes 50-80 us late
+            # (timer slack, idle exit); spinning alone gets SCHED_FIFO throttled
+            now = now_ns()
+            if tick - now > self.spin_ns:
+                sleep_until(tick - self.spin_ns)
+            t_wake = now_ns()
+            while t_wake < tick:
+                t_wake = now_ns()
+            wake_lat = t_wake - tick
+            period = t_wake - prev_wake if prev_wake else self.period_ns
+            prev_wake = t_wake
+            flags = 0
+            got = self._drain(&seq, &tns, &last_seq, &have_seq, stale_state)
+            if got & 2:
+                flags |= FLAG_REJECTED
+            t_recv = now_ns()
+            action = self._decide(got, t_wake, &last_rx, &last_action, &last_safe, &stale_state, &flags)
+            t_infer = now_ns()
+            self._publish(seq, tns, action, flags & FLAG_SAFE)
+            t_pub = now_ns()
+            if t_pub - tick > self.deadline_ns:
+                self.deadline_misses += 1
+                flags |= FLAG_MISS
+            self._record(tick, wake_lat, t_wake, t_recv, t_infer, t_pub, period,
+                         (t_wake - tns) if tns >= 0 else -1, flags, action, seq)
+            k += 1
+            if self.catch_up_skip:
+                # every tick that already passed is skipped, and each one is a miss
+                now = now_ns()
+                k_next = (now - self.t0_ns) // self.period_ns + 1
+                if k_next > k + 1:
+                    self.skipped_ticks += k_next - k - 1
+                    self.deadline_misses += k_next - k - 1
+                    k = k_next - 1
+
+    cdef void _run_sensor_clock(self) noexcept nogil:
+        """One cycle per frame arrival; the safe action every stale_after while none comes."""
+        cdef zmq_pollitem_t item
+        cdef int64_t t_wake, t_recv, t_infer, t_pub, prev_wake = 0, period
+        cdef int64_t seq = -1, tns = -1, last_seq = -1, last_rx = 0
+        cdef bint have_seq = False, last_safe = True, stale_state = True
+        cdef int last_action = -1, got, action, rc
+        cdef long timeout_ms = max(<long> 1, <long> (self.stale_after_ns // 1000000))
+        cdef uint8_t flags
+        item.socket = self.sub
+        item.fd = 0
+        item.events = ZMQ_POLLIN
+        while not self.stop_flag:
+            if self.run_until_ns > 0 and now_ns() >= self.run_until_ns:
+                break
+            item.revents = 0
+            rc = self.z_poll(&item, 1, timeout_ms)
+            t_wake = now_ns()
+            flags = 0
+            got = 0
+            if rc > 0:
+                got = self._drain(&seq, &tns, &last_seq, &have_seq, stale_state)
+                if got & 2:
+                    flags |= FLAG_REJECTED
+            if not (got & 1) and last_rx != 0 and t_wake - last_rx <= self.stale_after_ns:
+                continue        # nothing valid to answer and not stale yet
+            period = t_wake - prev_wake if prev_wake else 0
+            prev_wake = t_wake
+            t_recv = now_ns()
+            action = self._decide(got, t_wake, &last_rx, &last_action, &last_safe, &stale_state, &flags)
+            t_infer = now_ns()
+            self._publish(seq, tns, action, flags & FLAG_SAFE)
+            t_pub = now_ns()
+            if t_pub - t_wake > self.deadline_ns:
+                self.deadline_misses += 1
+                flags |= FLAG_MISS
+            self._record(t_wake, -1, t_wake, t_recv, t_infer, t_pub, period,
+                         (t_wake - tns) if (got & 1) else -1, flags, action, seq)

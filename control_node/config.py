@@ -1,0 +1,151 @@
+"""Node configuration: TOML in, validated dict out; every error names the field and the fix."""
+from __future__ import annotations
+
+import copy
+import os
+import tomllib
+
+from control_node.errors import ConfigError
+
+DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs", "node.toml")
+
+# section -> key -> (default, type check, description of valid values)
+_NUM = (int, float)
+SCHEMA = {
+    "node": {"model": ("models/iris.npz", str, "a path"), "run_root": ("runs", str, "a path")},
+    "endpoints": {
+        "sensor": ("ipc://{runtime_dir}/sensor", str, "an ipc:// or tcp:// endpoint"),
+        "action": ("ipc://{runtime_dir}/action", str, "an ipc:// or tcp:// endpoint"),
+        "diagnostics": ("ipc://{runtime_dir}/diagnostics", str, "an ipc:// or tcp:// endpoint"),
+    },
+    "loop": {
+        "rate_hz": (1000.0, _NUM, "a rate in Hz, 1 to 100000"),
+        "clock": ("timer", str, '"timer" or "sensor"'),
+        "deadline_us": (0, _NUM, "microseconds >= 0 (0 = one period)"),
+        "catch_up": ("skip", str, '"skip" or "burst"'),
+        "spin_us": (150, _NUM, "microseconds, 0 to one period"),
+        "duration_s": (0, _NUM, "seconds >= 0 (0 = until a signal)"),
+    },
+    "watchdog": {
+        "stale_after_ms": (5.0, _NUM, "milliseconds > 0"),
+        "safe_action": (0, (int, str), 'a class index or "hold"'),
+    },
+    "limits": {
+        "max_frame_bytes": (4096, int, "bytes, 64 to 1048576"),
+        "send_hwm": (1000, int, "messages >= 1"),
+    },
+    "realtime": {
+        "cpu": ("last", (int, str), 'a core number, "last" or "none"'),
+        "sched_fifo": (True, bool, "true or false"),
+        "priority": (80, int, "1 to 99"),
+        "mlockall": (True, bool, "true or false"),
+        "gc_freeze": (True, bool, "true or false"),
+        "cpu_dma_latency": (True, bool, "true or false"),
+    },
+    "stats": {
+        "ring_cycles": (600000, int, "cycles >= 1000"),
+        "diagnostics_hz": (10.0, _NUM, "Hz, 0.1 to 100"),
+    },
+}
+
+
+def runtime_dir() -> str:
+    base = os.environ.get("XDG_RUNTIME_DIR")
+    return os.path.join(base, "control-node") if base else f"/tmp/control-node-{os.getuid()}"
+
+
+def defaults() -> dict:
+    return {sec: {k: v[0] for k, v in keys.items()} for sec, keys in SCHEMA.items()}
+
+
+def load_config(path=None, overrides: dict | None = None) -> dict:
+    """Read ``path`` (default: configs/node.toml), apply ``overrides`` {"loop.rate_hz": 500, ...}, validate.
+
+    Endpoints come back with ``{runtime_dir}`` expanded. Raises :class:`ConfigError`.
+    """
+    path = path or DEFAULT_CONFIG
+    cfg = defaults()
+    if path != DEFAULT_CONFIG or os.path.exists(path):
+        try:
+            with open(path, "rb") as f:
+                raw = tomllib.load(f)
+        except FileNotFoundError:
+            raise ConfigError(path, "(file)", "no such file", "pass an existing --config or omit it") from None
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(path, "(syntax)", f"not valid TOML ({e})", "fix the TOML syntax") from None
+        for sec, table in raw.items():
+            if sec not in SCHEMA:
+                if sec in ("sim", "launch", "record", "replay", "children"):
+                    continue   # read by other verbs
+                raise ConfigError(path, sec, "unknown section", f"use one of {sorted(SCHEMA)}")
+            if not isinstance(table, dict):
+                raise ConfigError(path, sec, "is not a table", f"write it as [{sec}]")
+            for key, value in table.items():
+                if key not in SCHEMA[sec]:
+                    raise ConfigError(path, f"{sec}.{key}", "unknown key", f"use one of {sorted(SCHEMA[sec])}")
+                cfg[sec][key] = value
+    for dotted, value in (overrides or {}).items():
+        if value is None:
+            continue
+        sec, key = dotted.split(".")
+        cfg[sec][key] = value
+    validate(cfg, path)
+    cfg["endpoints"] = {k: v.replace("{runtime_dir}", runtime_dir()) for k, v in cfg["endpoints"].items()}
+    cfg["source"] = os.fspath(path)
+    return cfg
+
+
+def validate(cfg: dict, path="(config)") -> None:
+    def bad(field, fix, problem=None):
+        sec, key = field.split(".")
+        raise ConfigError(path, field, problem or f"invalid value {cfg[sec][key]!r}", fix)
+
+    for sec, keys in SCHEMA.items():
+        for key, (_, typ, desc) in keys.items():
+            v = cfg[sec][key]
+            ok = isinstance(v, typ) and not (typ is not bool and isinstance(v, bool) and bool not in
+                                             (typ if isinstance(typ, tuple) else (typ,)))
+            if not ok:
+                bad(f"{sec}.{key}", f"use {desc}", f"has type {type(v).__name__} ({v!r})")
+    lp, wd, lim, rt, st = cfg["loop"], cfg["watchdog"], cfg["limits"], cfg["realtime"], cfg["stats"]
+    if not 1 <= lp["rate_hz"] <= 100000:
+        bad("loop.rate_hz", "use a rate from 1 to 100000 Hz")
+    if lp["clock"] not in ("timer", "sensor"):
+        bad("loop.clock", 'use "timer" or "sensor"')
+    if lp["catch_up"] not in ("skip", "burst"):
+        bad("loop.catch_up", 'use "skip" or "burst"')
+    if lp["deadline_us"] < 0:
+        bad("loop.deadline_us", "use 0 (one period) or a positive number of microseconds")
+    if not 0 <= lp["spin_us"] * 1e3 <= 1e9 / lp["rate_hz"]:
+        bad("loop.spin_us", "use 0 up to one period in microseconds")
+    if lp["duration_s"] < 0:
+        bad("loop.duration_s", "use 0 (until a signal) or a positive number of seconds")
+    if not wd["stale_after_ms"] > 0:
+        bad("watchdog.stale_after_ms", "use a positive number of milliseconds, e.g. 5.0")
+    sa = wd["safe_action"]
+    if isinstance(sa, str) and sa != "hold" or isinstance(sa, int) and sa < 0:
+        bad("watchdog.safe_action", 'use a class index (0, 1, ...) or "hold"')
+    if not 64 <= lim["max_frame_bytes"] <= 1 << 20:
+        bad("limits.max_frame_bytes", "use 64 to 1048576 bytes")
+    if lim["send_hwm"] < 1:
+        bad("limits.send_hwm", "use 1 or more")
+    cpu = rt["cpu"]
+    if isinstance(cpu, str) and cpu not in ("last", "none") or isinstance(cpu, int) and cpu < 0:
+        bad("realtime.cpu", 'use a core number, "last" or "none"')
+    if not 1 <= rt["priority"] <= 99:
+        bad("realtime.priority", "use 1 to 99")
+    if st["ring_cycles"] < 1000:
+        bad("stats.ring_cycles", "use 1000 or more")
+    if not 0.1 <= st["diagnostics_hz"] <= 100:
+        bad("stats.diagnostics_hz", "use 0.1 to 100 Hz")
+    eps = cfg["endpoints"]
+    for name, ep in eps.items():
+        if not (ep.startswith("ipc://") or ep.startswith("tcp://") or ep.startswith("inproc://")):
+            bad(f"endpoints.{name}", "use ipc://PATH or tcp://HOST:PORT")
+    if len(set(eps.values())) != len(eps):
+        bad("endpoints.sensor", "give sensor, action and diagnostics three different endpoints",
+            "two endpoints are the same")
+
+
+def public_copy(cfg: dict) -> dict:
+    return copy.deepcopy(cfg)

@@ -1,0 +1,277 @@
+"""The node: load and verify the model, bind sockets, set up real time, run the loop, write the run directory.
+
+The loop itself (``control_node._rtloop``) runs without the GIL on the main
+thread. A diagnostics thread, moved off the loop's core, publishes ~10 Hz
+snapshots, prints ``ready`` once cycles run, logs (throttled) when the loop
+degrades, and turns SIGINT/SIGTERM into a stop request: signals are blocked in
+every thread and taken with sigtimedwait, because the main thread never returns
+to Python while the loop runs.
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import resource
+import signal
+import sys
+import threading
+import time
+
+import msgpack
+import numpy as np
+
+from control_node import stats
+from control_node.config import public_copy
+from control_node.errors import UserError
+from control_node.rt import rt_summary_line, setup_realtime
+
+STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
+
+
+def host_info() -> dict:
+    cpu_model = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu_model = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    try:
+        with open("/sys/devices/system/clocksource/clocksource0/current_clocksource") as f:
+            clocksource = f.read().strip()
+    except OSError:
+        clocksource = "unknown"
+    return {"cpu_model": cpu_model, "cores": os.cpu_count(), "kernel": platform.release(),
+            "clocksource": clocksource, "python": platform.python_version(), "hostname": platform.node()}
+
+
+def ordered_ring(loop) -> dict:
+    """Ring arrays oldest first, trimmed to what was recorded."""
+    n, cap = loop.cycles, loop.capacity
+    out = {}
+    for name, a in loop.ring.items():
+        if n <= cap:
+            out[name] = a[:n].copy()
+        else:
+            start = n % cap
+            out[name] = np.concatenate([a[start:], a[:start]])
+    return out
+
+
+class Diagnostics(threading.Thread):
+    """Publishes snapshots, prints `ready`, logs degradation, turns signals into a stop request."""
+
+    def __init__(self, loop, sock, rt_report_ref, endpoints, hz, loop_cpu):
+        super().__init__(name="diagnostics", daemon=True)
+        self.loop, self.sock, self.rt_ref, self.endpoints = loop, sock, rt_report_ref, endpoints
+        self.interval = 1.0 / hz
+        self.loop_cpu = loop_cpu
+        self.finished = threading.Event()
+        self.ready_printed = threading.Event()
+        self.signal_received = None
+        self.packer = msgpack.Packer()
+
+    def _window(self, start, end):
+        loop, cap = self.loop, self.loop.capacity
+        start = max(start, end - cap + 1)
+        idx = np.arange(start, end) % cap
+        out = {}
+        for name in ("wake_latency_ns", "cycle_time_ns", "input_age_ns"):
+            v = loop.ring[name][idx]
+            v = v[v >= 0]
+            if v.size:
+                q = np.percentile(v, [50, 99, 99.9])
+                out[name] = {"p50": float(q[0]), "p99": float(q[1]), "p999": float(q[2]), "max": float(v.max())}
+            else:
+                out[name] = None
+        return out
+
+    def run(self):
+        others = set(os.sched_getaffinity(0)) - ({self.loop_cpu} if self.loop_cpu is not None else set())
+        if others:
+            try:
+                os.sched_setaffinity(0, others)
+            except OSError:
+                pass
+        last_cycles, last_t, last_misses, last_log = 0, time.monotonic(), 0, 0.0
+        while not self.finished.is_set():
+            sig = signal.sigtimedwait(STOP_SIGNALS, self.interval)
+            if sig is not None:
+                self.signal_received = signal.Signals(sig.si_signo).name
+                self.loop.request_stop()
+                continue
+            loop = self.loop
+            cycles = loop.cycles
+            now = time.monotonic()
+            if cycles > 0 and not self.ready_printed.is_set():
+                eps = self.endpoints
+                print(f"ready sensor={eps['sensor']} action={eps['action']} diagnostics={eps['diagnostics']}",
+                      flush=True)
+                self.ready_printed.set()
+            if cycles > last_cycles + 1:
+                window = self._window(last_cycles, cycles - 1)   # the newest record may be mid-write
+            else:
+                window = {}
+            rate = (cycles - last_cycles) / (now - last_t) if now > last_t else 0.0
+            msg = {
+                "t_ns": time.monotonic_ns(), "cycles": cycles, "rate_hz": rate,
+                "deadline_misses": loop.deadline_misses, "stale_cycles": loop.stale_cycles,
+                "safe_actions": loop.safe_actions, "superseded": loop.superseded,
+                "frames_valid": loop.frames_valid, "rejected": loop.rejected_counts(),
+                "window": window, "rt": self.rt_ref.get("rt", {}),
+            }
+            try:
+                self.sock.send(self.packer.pack(msg), flags=1)   # NOBLOCK: a slow monitor loses snapshots
+            except Exception:
+                pass
+            misses = loop.deadline_misses
+            if misses > last_misses and now - last_log >= 1.0:
+                print(f"[node] {misses - last_misses} deadline misses since last report "
+                      f"(total {misses}, {cycles} cycles)", file=sys.stderr, flush=True)
+                last_log, last_misses = now, misses
+            last_cycles, last_t = cycles, now
+
+
+class Node:
+    def __init__(self, cfg: dict, model_path=None, run_dir=None, quiet=False):
+        self.cfg = cfg
+        self.model_path = model_path or cfg["node"]["model"]
+        self.run_dir = run_dir
+        self.quiet = quiet
+
+    def run(self) -> str:
+        from kernels import Policy
+
+        from control_node._rtloop import HIST_NAMES, RtLoop
+        from control_node.transport import NodeSockets, libzmq_functions
+        cfg = self.cfg
+        lp, wd, lim, st = cfg["loop"], cfg["watchdog"], cfg["limits"], cfg["stats"]
+        if not os.path.exists(self.model_path):
+            raise UserError(f"model file {self.model_path} does not exist. Fix: run `control-node train` "
+                            f"(writes models/iris.npz) or pass --model PATH")
+        policy = Policy.load(self.model_path)       # validates and proves kernel == reference
+        sa = wd["safe_action"]
+        if isinstance(sa, int) and sa >= policy.n_classes:
+            raise UserError(f"config field 'watchdog.safe_action': class {sa} does not exist; the model has "
+                            f"{policy.n_classes} classes {policy.classes}. Fix: use 0..{policy.n_classes - 1} or \"hold\"")
+        rate = float(lp["rate_hz"])
+        period_ns = int(round(1e9 / rate))
+        duration = float(lp["duration_s"])
+        ring = st["ring_cycles"]
+        if duration > 0 and lp["clock"] == "timer":
+            ring = min(ring, int(duration * rate) + 16)
+        # signals: blocked in every thread (set before any thread exists), taken by sigtimedwait
+        old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+        sockets = None
+        rt_session = None
+        try:
+            sockets = NodeSockets(cfg["endpoints"], lim["max_frame_bytes"], lim["send_hwm"])
+            loop = RtLoop(policy, sockets.sensor.underlying, sockets.action.underlying, libzmq_functions(),
+                          period_ns=period_ns,
+                          deadline_ns=int(lp["deadline_us"] * 1000) or period_ns,
+                          stale_after_ns=int(wd["stale_after_ms"] * 1e6), spin_ns=int(lp["spin_us"] * 1000),
+                          max_cycles=int(round(duration * rate)) if lp["clock"] == "timer" else 0,
+                          sensor_clock=lp["clock"] == "sensor", catch_up_skip=lp["catch_up"] == "skip",
+                          safe_action=sa if isinstance(sa, int) else 0, hold_last=sa == "hold",
+                          max_frame_bytes=lim["max_frame_bytes"], ring_cycles=ring)
+            from control_node.rt import choose_cpu
+            loop_cpu = choose_cpu(cfg["realtime"]["cpu"])
+            rt_ref = {}
+            diag = Diagnostics(loop, sockets.diagnostics, rt_ref, cfg["endpoints"], st["diagnostics_hz"], loop_cpu)
+            diag.start()                              # before pinning: it keeps the full CPU mask
+            started_at = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+            ru0 = resource.getrusage(resource.RUSAGE_THREAD)
+            rt_session = setup_realtime(cfg["realtime"])
+            rt_ref["rt"] = rt_session.report
+            if not self.quiet:
+                print(f"[node] model {policy} isa={policy.isa}; {rate:g} Hz {lp['clock']} clock; "
+                      f"rt: {rt_summary_line(rt_session.report)}", file=sys.stderr, flush=True)
+            t_start = time.monotonic_ns()
+            run_until = t_start + int(duration * 1e9) + period_ns if (duration > 0 and lp["clock"] == "sensor") else 0
+            loop.run(0, run_until)
+            ru1 = resource.getrusage(resource.RUSAGE_THREAD)
+            rt_session.restore()
+            rt_session = None
+            diag.finished.set()
+            diag.join(timeout=2)
+        finally:
+            if rt_session is not None:
+                rt_session.restore()
+            if sockets is not None:
+                sockets.close()
+            signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+        return self._write_run_dir(policy, loop, rt_ref.get("rt", {}), started_at, period_ns, ru0, ru1,
+                                   diag.signal_received, HIST_NAMES)
+
+    def _write_run_dir(self, policy, loop, rt_report, started_at, period_ns, ru0, ru1, stop_signal, hist_names):
+        import psutil
+        cfg = self.cfg
+        run_id = time.strftime("%Y%m%d-%H%M%S") + f"-{os.getpid()}"
+        run_dir = self.run_dir or os.path.join(cfg["node"]["run_root"], run_id)
+        os.makedirs(run_dir, exist_ok=True)
+        arrays = ordered_ring(loop)
+        complete = loop.cycles <= loop.capacity
+        hist = {name: loop.histograms[i] for i, name in enumerate(hist_names)}
+
+        def figure(name, arr_name=None):
+            if complete:
+                v = arrays[arr_name or name]
+                return stats.describe(v[v >= 0])
+            return stats.describe_hist(hist[name])
+
+        duration_s = (loop.t_end_ns - loop.t0_ns) / 1e9 if loop.t_end_ns > loop.t0_ns else 0.0
+        order = np.argsort(arrays["wake_latency_ns"])[::-1][:10] if loop.cycles else []
+        worst = [{"cycle": int(arrays["cycle"][i]), "wake_latency_ns": int(arrays["wake_latency_ns"][i]),
+                  "cycle_time_ns": int(arrays["cycle_time_ns"][i]), "flags": int(arrays["flags"][i])}
+                 for i in order]
+        proc = psutil.Process()
+        rejected = loop.rejected_counts()
+        summary = {
+            "role": "node", "format": 1, "run_id": os.path.basename(os.path.normpath(run_dir)),
+            "started_at": started_at, "duration_s": duration_s,
+            "rate_hz": float(cfg["loop"]["rate_hz"]), "period_ns": period_ns, "clock_mode": cfg["loop"]["clock"],
+            "cycles": int(loop.cycles),
+            "achieved_rate_hz": loop.cycles / duration_s if duration_s > 0 else 0.0,
+            "deadline_misses": int(loop.deadline_misses), "skipped_ticks": int(loop.skipped_ticks),
+            "stale_cycles": int(loop.stale_cycles), "safe_actions": int(loop.safe_actions),
+            "superseded": int(loop.superseded), "frames_valid": int(loop.frames_valid),
+            "rejected": rejected, "rejected_total": int(sum(rejected.values())),
+            "send_failures": int(loop.send_failures), "recv_errors": int(loop.recv_errors),
+            "wake_latency_ns": figure("wake_latency_ns"), "cycle_time_ns": figure("cycle_time_ns"),
+            "recv_ns": figure("recv_ns"), "infer_ns": figure("infer_ns"), "publish_ns": figure("publish_ns"),
+            "period_ns_stats": figure("period_ns"), "input_age_ns": figure("input_age_ns"),
+            "worst_cycles": worst,
+            "budget": {"wake_latency_p99_ns": 10_000, "cycle_time_max_ns": period_ns},
+            "stop": {"signal": stop_signal},
+            "rt": rt_report,
+            "model": {"path": os.path.abspath(self.model_path), "sha256": policy.sha256,
+                      "layer_sizes": [int(s) for s in policy.spec.layer_sizes], "dtype": policy.dtype,
+                      "isa": policy.isa, "classes": policy.classes},
+            "config": public_copy(cfg),
+            "host": host_info(),
+            "process": {
+                "loop_thread": {"voluntary_ctx_switches": ru1.ru_nvcsw - ru0.ru_nvcsw,
+                                "involuntary_ctx_switches": ru1.ru_nivcsw - ru0.ru_nivcsw,
+                                "minor_page_faults": ru1.ru_minflt - ru0.ru_minflt,
+                                "major_page_faults": ru1.ru_majflt - ru0.ru_majflt,
+                                "cpu_time_s": (ru1.ru_utime + ru1.ru_stime) - (ru0.ru_utime + ru0.ru_stime)},
+                "ctx_switches": proc.num_ctx_switches()._asdict(),
+                "cpu_times": {k: v for k, v in proc.cpu_times()._asdict().items()},
+                "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+                "rss_bytes": proc.memory_info().rss,
+                "num_fds": proc.num_fds(),
+            },
+            "ring": {"capacity": int(loop.capacity), "recorded": int(min(loop.cycles, loop.capacity)),
+                     "complete": bool(complete)},
+            "percentile_source": "raw arrays (numpy linear)" if complete else "streaming histogram (<=0.8% low)",
+        }
+        np.savez(os.path.join(run_dir, "cycles.npz"), **arrays)
+        np.savez(os.path.join(run_dir, "histograms.npz"), **hist)
+        tmp = os.path.join(run_dir, "summary.json.tmp")
+        with open(tmp, "w") as f:
+            json.dump(summary, f, indent=2, default=str)
+        os.replace(tmp, os.path.join(run_dir, "summary.json"))
+        return run_dir
