@@ -72,6 +72,7 @@ class ClosedLoop:
         self.handshake_timeout = handshake_timeout
         self.actions_received = 0
         self.safe_actions = 0
+        self.next_seq = 0  # seqs must increase across handshakes and passes (--loop)
 
     def close(self):
         for s in (self.pub, self.sub, self.tap):
@@ -84,7 +85,7 @@ class ClosedLoop:
         import msgpack
         zmq = self.zmq
         deadline = time.monotonic() + self.handshake_timeout
-        w = 0
+        w = w0 = self.next_seq
         x0 = [float(v) for v in x0]
         while time.monotonic() < deadline:
             if stopper is not None and stopper.stop:
@@ -101,7 +102,7 @@ class ClosedLoop:
                         d = msgpack.unpackb(self.sub.recv(zmq.NOBLOCK))
                     except zmq.Again:
                         break
-                    if 0 <= d.get("seq", -1) < w:
+                    if w0 <= d.get("seq", -1) < w:
                         return w
         raise UserError(f"no answer from a node within {self.handshake_timeout:g} s "
                         f"(sensor {self.endpoints['sensor']}, action {self.endpoints['action']}); is it running?")
@@ -218,7 +219,10 @@ class ClosedLoop:
         if bar is not None:
             bar.n = last_i + 1
             bar.close()
-        self.actions_received, self.safe_actions = counts
+        self.actions_received += counts[0]
+        self.safe_actions += counts[1]
+        self.next_seq = base + n
+        wall_s = (mono() - t0) / 1e9
         m = sent
         seq = np.arange(n, dtype=np.int64) + base
         answered = t_act[m] > 0
@@ -227,6 +231,8 @@ class ClosedLoop:
             "seq": seq[m], "t_send_ns": t_send[m], "t_action_ns": t_act[m], "rtt_ns": rtt,
             "truth": truth[m].astype(np.int16), "action": np.where(answered, action[m], -1).astype(np.int16),
             "safe": safe[m] & answered, "frames_in_stream": n, "frames_planned": last_i + 1, "seq_base": base,
+            "send_span_s": (int(t_send[m].max()) - int(t_send[m].min())) / 1e9 if m.any() else 0.0,
+            "wall_s": wall_s,
         }
 
 
@@ -257,6 +263,7 @@ def summarize(res, loop, settings, role="sim", lockstep=False):
         "round_trip_ns": percentiles(res["rtt_ns"][answered]),
         "lockstep": bool(lockstep),
         "seq_base": int(res["seq_base"]),
+        "send_span_s": float(res["send_span_s"]),
         "stream": settings,
     }
 

@@ -1,0 +1,87 @@
+"""Record the node's streams to MCAP: /sensor (from the sensor tap), /action, /diagnostics.
+
+Each message is stored exactly as received (msgpack bytes, message encoding ``msgpack``, no schema),
+with a per-channel sequence number; ``log_time`` and ``publish_time`` are the recorder's wall clock
+(ns since the epoch) at receipt; the sender's own monotonic stamps stay in the payload (``t_ns``).
+Chunks are compressed (zstd if available, else lz4, else none) and flushed to disk at least every
+``flush_interval`` seconds, so a killed recorder leaves a file readable up to its last complete chunk.
+"""
+from __future__ import annotations
+
+import os
+import time
+
+TOPICS = ("/sensor", "/action", "/diagnostics")
+
+
+def best_compression():
+    from mcap.writer import CompressionType
+    try:
+        import zstandard  # noqa: F401
+        return CompressionType.ZSTD
+    except ImportError:
+        pass
+    try:
+        import lz4.frame  # noqa: F401
+        return CompressionType.LZ4
+    except ImportError:
+        return CompressionType.NONE
+
+
+def record(endpoints, out, duration=None, flush_interval=1.0, chunk_size=256 * 1024, stopper=None, log=print):
+    import zmq
+    from mcap.writer import Writer
+
+    ctx = zmq.Context.instance()
+    socks = {}
+    for topic, key in (("/sensor", "sensor_tap"), ("/action", "action"), ("/diagnostics", "diagnostics")):
+        s = ctx.socket(zmq.SUB)
+        s.setsockopt(zmq.LINGER, 0)
+        s.setsockopt(zmq.RCVHWM, 100000)
+        s.setsockopt(zmq.RECONNECT_IVL, 10)
+        s.setsockopt(zmq.SUBSCRIBE, b"")
+        s.connect(endpoints[key])
+        socks[topic] = s
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    f = open(out, "wb")
+    comp = best_compression()
+    w = Writer(f, chunk_size=chunk_size, compression=comp)
+    w.start(profile="", library="control-node recorder")
+    w.add_metadata("control-node", {k: str(v) for k, v in endpoints.items()})
+    chan = {t: w.register_channel(topic=t, message_encoding="msgpack", schema_id=0,
+                                  metadata={"endpoint": endpoints[k]})
+            for t, k in zip(TOPICS, ("sensor_tap", "action", "diagnostics"))}
+    counts = {t: 0 for t in TOPICS}
+    poller = zmq.Poller()
+    by_sock = {}
+    for t, s in socks.items():
+        poller.register(s, zmq.POLLIN)
+        by_sock[s] = t
+    log(f"recording to {out} ({comp.name.lower()} chunks): sensor tap {endpoints['sensor_tap']}, "
+        f"action {endpoints['action']}, diagnostics {endpoints['diagnostics']}")
+    t_end = None if duration is None else time.monotonic() + duration
+    next_flush = time.monotonic() + flush_interval
+    try:
+        while stopper is None or not stopper.stop:
+            now = time.monotonic()
+            if t_end is not None and now >= t_end:
+                break
+            if now >= next_flush:
+                w.flush()
+                next_flush = now + flush_interval
+            for s, _ in poller.poll(100):
+                t = by_sock[s]
+                while True:
+                    try:
+                        raw = s.recv(zmq.NOBLOCK)
+                    except zmq.Again:
+                        break
+                    lt = time.time_ns()
+                    w.add_message(chan[t], log_time=lt, data=raw, publish_time=lt, sequence=counts[t])
+                    counts[t] += 1
+    finally:
+        w.finish()
+        f.close()
+        for s in socks.values():
+            s.close()
+    return counts
