@@ -67,9 +67,11 @@ def load_endpoints(config_path=None) -> dict:
         # sensor_tap may be absent from the node's resolved config; read it from the file itself
         if "sensor_tap" not in raw:
             try:
-                raw_file = _read_toml(config_path).get("endpoints", {})
-                if "sensor_tap" in raw_file:
-                    raw["sensor_tap"] = raw_file["sensor_tap"]
+                f = _read_toml(config_path)
+                for sec in ("endpoints", "record"):  # the node's schema rejects unknown [endpoints] keys
+                    if "sensor_tap" in (f.get(sec) or {}):
+                        raw["sensor_tap"] = f[sec]["sensor_tap"]
+                        break
             except Exception:
                 pass
     eps = {k: expand(str(raw.get(k, v))) for k, v in DEFAULTS.items()}

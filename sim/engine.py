@@ -59,6 +59,7 @@ class ClosedLoop:
         self.sub.setsockopt(zmq.SUBSCRIBE, b"")
         self.sub.connect(endpoints["action"])
         self.tap = None
+        self.tap_ep = tap
         if tap:
             from sim.endpoints import ensure_ipc_dir
             ensure_ipc_dir(tap)
@@ -78,6 +79,14 @@ class ClosedLoop:
         for s in (self.pub, self.sub, self.tap):
             if s is not None:
                 s.close()
+        if self.tap is not None:  # we bound the tap: remove its ipc socket file (libzmq may not at exit)
+            from sim.endpoints import ipc_path
+            p = ipc_path(self.tap_ep)
+            if p:
+                try:
+                    os.unlink(p)
+                except FileNotFoundError:
+                    pass
 
     def handshake(self, x0, stopper=None):
         """Slow-joiner handshake: send warm-up frames (seq 0, 1, ...) every 20 ms until an action
