@@ -74,13 +74,12 @@ def machine_info() -> dict:
     except ImportError:
         pass
     try:
-        from kernels import Policy  # noqa: F401
         from kernels._policy import Policy as _P
         from kernels.model_file import ModelSpec
         spec = ModelSpec(layers=[(np.zeros((1, 1)), np.zeros(1))], mean=[0.0], scale=[1.0],
                          classes=["a"], feature_names=["x"])
         info["kernel_isa"] = _P(spec).isa
-        info["kernel_build_native"] = os.environ.get("CONTROL_NODE_NATIVE", "") not in ("", "0")
+        info["kernel_build_native"] = info["kernel_isa"] == "native"   # CONTROL_NODE_NATIVE=1 build
     except Exception as e:  # a benchmark of something else may still run
         info["kernel_isa"] = f"unavailable ({e})"
     try:
