@@ -1,0 +1,63 @@
+"""control-node top: live view of a running node's diagnostics (rate, percentiles, misses, RT features)."""
+
+
+def register(sub):
+    t = sub.add_parser("top", help="live view of a running node: rate, latency percentiles, misses, RT features",
+                       description="Subscribe to the node's diagnostics (about 10 Hz, docs/protocol.md) and show "
+                                   "them refreshing in place. Ctrl-C to quit.")
+    t.add_argument("--endpoint", metavar="ENDPOINT",
+                   help="diagnostics endpoint (default: [endpoints] diagnostics from --config)")
+    t.add_argument("--config", metavar="FILE", help="node config (default: configs/node.toml if present)")
+    t.add_argument("--once", action="store_true", help="print one snapshot and exit (for scripts)")
+    t.add_argument("--timeout", type=float, metavar="S",
+                   help="give up when no diagnostics arrive for S seconds (default: 5 with --once, "
+                        "otherwise wait forever)")
+    return t
+
+
+def run(args):
+    import time
+
+    from rich.console import Console
+
+    from control_node import monitor
+    from control_node.errors import UserError
+    endpoint, _ = monitor.resolve("diagnostics", args.config, args.endpoint)
+    timeout = args.timeout if args.timeout is not None else (5.0 if args.once else None)
+    console = Console()
+
+    def next_diag(sub, wait):
+        frames = sub.recv(wait)
+        if frames is None:
+            return None
+        msg = monitor.decode(frames)
+        return msg if isinstance(msg, dict) and "<undecodable>" not in msg else {}
+
+    with monitor.Subscriber(endpoint) as sub:
+        if args.once:
+            deadline = time.monotonic() + timeout
+            while True:
+                diag = next_diag(sub, max(0.0, deadline - time.monotonic()))
+                if diag is None:
+                    raise UserError(monitor.no_message_hint(endpoint, "diagnostics") + f" (waited {timeout:g} s)")
+                if diag:
+                    console.print(monitor.top_renderable(diag, endpoint))
+                    return 0
+        from rich.live import Live
+        from rich.text import Text
+        prev = last = None
+        last_t = start = time.monotonic()
+        with Live(Text(f"waiting for diagnostics on {endpoint} ..."), console=console, refresh_per_second=4,
+                  transient=False) as live:
+            while True:
+                diag = next_diag(sub, 0.25)
+                now = time.monotonic()
+                if diag:
+                    prev, last, last_t = last, diag, now
+                if timeout is not None and now - last_t > timeout:
+                    raise UserError(monitor.no_message_hint(endpoint, "diagnostics")
+                                    + f" (nothing for {timeout:g} s)")
+                if last is not None:
+                    live.update(monitor.top_renderable(last, endpoint, prev, age_s=now - last_t))
+                else:
+                    live.update(Text(f"waiting for diagnostics on {endpoint} ... {now - start:.0f} s"))
