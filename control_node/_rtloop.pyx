@@ -435,3 +435,28 @@ cdef class RtLoop:
                 flags |= FLAG_MISS
             self._record(t_wake, -1, t_wake, t_recv, t_infer, t_pub, period,
                          (t_wake - tns) if (got & 1) else -1, flags, action, seq)
+
+
+def decode_frame(bytes frame, int n_features):
+    """Python view of the loop's frame decoder (for tests and fuzzing; allocates).
+
+    Returns ``(reason, seq, t_ns, x)``: reason is one of :data:`REASONS`; seq, t_ns
+    and x are None unless reason == "ok".
+    """
+    cdef const uint8_t *buf = frame
+    x = np.empty(n_features, dtype=np.float64)
+    scratch = np.empty(n_features, dtype=np.float64)
+    cdef uint64_t seq = 0
+    cdef int64_t tns = 0
+    cdef int rc = cn_decode_frame(buf, len(frame), n_features, <double *> cnp.PyArray_DATA(scratch),
+                                  <double *> cnp.PyArray_DATA(x), &seq, &tns)
+    if rc != CN_OK:
+        return REASONS[rc], None, None, None
+    return "ok", seq, tns, x
+
+
+def encode_action(int64_t seq, int64_t t_ns, uint64_t cycle, int action, bint safe):
+    """The loop's action encoder, for tests: returns the msgpack bytes it would publish."""
+    cdef uint8_t out[96]
+    cdef size_t n = cn_encode_action(out, seq, t_ns, cycle, action, safe)
+    return out[:n]

@@ -3,9 +3,10 @@
 The loop itself (``control_node._rtloop``) runs without the GIL on the main
 thread. A diagnostics thread, moved off the loop's core, publishes ~10 Hz
 snapshots, prints ``ready`` once cycles run, logs (throttled) when the loop
-degrades, and turns SIGINT/SIGTERM into a stop request: signals are blocked in
-every thread and taken with sigtimedwait, because the main thread never returns
-to Python while the loop runs.
+degrades, and turns SIGINT/SIGTERM into a stop request. Python runs signal
+handlers only on the main thread, which never returns to Python while the loop
+runs, so the signals reach the diagnostics thread through ``signal.set_wakeup_fd``
+(written by the C-level handler in whichever thread the kernel picks).
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import json
 import os
 import platform
 import resource
+import select
 import signal
 import sys
 import threading
@@ -64,8 +66,9 @@ def ordered_ring(loop) -> dict:
 class Diagnostics(threading.Thread):
     """Publishes snapshots, prints `ready`, logs degradation, turns signals into a stop request."""
 
-    def __init__(self, loop, sock, rt_report_ref, endpoints, hz, loop_cpu):
+    def __init__(self, loop, sock, rt_report_ref, endpoints, hz, loop_cpu, signal_fd):
         super().__init__(name="diagnostics", daemon=True)
+        self.signal_fd = signal_fd
         self.loop, self.sock, self.rt_ref, self.endpoints = loop, sock, rt_report_ref, endpoints
         self.interval = 1.0 / hz
         self.loop_cpu = loop_cpu
@@ -98,10 +101,12 @@ class Diagnostics(threading.Thread):
                 pass
         last_cycles, last_t, last_misses, last_log = 0, time.monotonic(), 0, 0.0
         while not self.finished.is_set():
-            sig = signal.sigtimedwait(STOP_SIGNALS, self.interval)
-            if sig is not None:
-                self.signal_received = signal.Signals(sig.si_signo).name
-                self.loop.request_stop()
+            readable, _, _ = select.select([self.signal_fd], [], [], self.interval)
+            if readable:
+                for signo in os.read(self.signal_fd, 64):
+                    if signo in STOP_SIGNALS:
+                        self.signal_received = signal.Signals(signo).name
+                        self.loop.request_stop()
                 continue
             loop = self.loop
             cycles = loop.cycles
@@ -163,8 +168,11 @@ class Node:
         ring = st["ring_cycles"]
         if duration > 0 and lp["clock"] == "timer":
             ring = min(ring, int(duration * rate) + 16)
-        # signals: blocked in every thread (set before any thread exists), taken by sigtimedwait
-        old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+        # SIGINT/SIGTERM: no-op Python handlers; the wakeup fd carries them to the diagnostics thread
+        sig_r, sig_w = os.pipe()
+        os.set_blocking(sig_w, False)
+        old_wakeup = signal.set_wakeup_fd(sig_w, warn_on_full_buffer=False)
+        old_handlers = {s: signal.signal(s, lambda *_: None) for s in STOP_SIGNALS}
         sockets = None
         rt_session = None
         try:
@@ -180,7 +188,8 @@ class Node:
             from control_node.rt import choose_cpu
             loop_cpu = choose_cpu(cfg["realtime"]["cpu"])
             rt_ref = {}
-            diag = Diagnostics(loop, sockets.diagnostics, rt_ref, cfg["endpoints"], st["diagnostics_hz"], loop_cpu)
+            diag = Diagnostics(loop, sockets.diagnostics, rt_ref, cfg["endpoints"], st["diagnostics_hz"], loop_cpu,
+                               sig_r)
             diag.start()                              # before pinning: it keeps the full CPU mask
             started_at = time.strftime("%Y-%m-%dT%H:%M:%S%z")
             ru0 = resource.getrusage(resource.RUSAGE_THREAD)
@@ -202,7 +211,11 @@ class Node:
                 rt_session.restore()
             if sockets is not None:
                 sockets.close()
-            signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+            signal.set_wakeup_fd(old_wakeup)
+            for signo, handler in old_handlers.items():
+                signal.signal(signo, handler)
+            os.close(sig_r)
+            os.close(sig_w)
         return self._write_run_dir(policy, loop, rt_ref.get("rt", {}), started_at, period_ns, ru0, ru1,
                                    diag.signal_received, HIST_NAMES)
 
