@@ -68,9 +68,10 @@ def load_endpoints(config_path=None) -> dict:
         if "sensor_tap" not in raw:
             try:
                 f = _read_toml(config_path)
-                for sec in ("endpoints", "record"):  # the node's schema rejects unknown [endpoints] keys
-                    if "sensor_tap" in (f.get(sec) or {}):
-                        raw["sensor_tap"] = f[sec]["sensor_tap"]
+                # the node's schema rejects unknown [endpoints] keys: also [record] or [children.record]
+                for table in (f.get("endpoints"), f.get("record"), (f.get("children") or {}).get("record")):
+                    if isinstance(table, dict) and "sensor_tap" in table:
+                        raw["sensor_tap"] = table["sensor_tap"]
                         break
             except Exception:
                 pass

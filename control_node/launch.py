@@ -1,0 +1,280 @@
+"""``control-node launch``: start the node, then the simulator (or a replay) and optionally the recorder.
+
+Like ``ros2 launch``: each child is ``sys.executable -m control_node VERB ...`` in its own process group,
+its output forwarded with a ``[name]`` prefix. The node goes first and the others start once it printed
+its ``ready`` line. Everything stops after the duration or on Ctrl-C: SIGINT to each child's group, then
+SIGTERM, then SIGKILL after timeouts; stale ipc socket files are removed. A child that dies unexpectedly
+is reported (exit code or signal) and the others are stopped, unless it has ``restart = true``.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+DEFAULT_CONFIG = os.path.join("configs", "demo.toml")
+STOP_TIMEOUTS = (5.0, 3.0, 2.0)  # after SIGINT, after SIGTERM, after SIGKILL
+MAX_RESTARTS = 3
+
+_print_lock = threading.Lock()
+
+
+def say(msg, name="launch"):
+    with _print_lock:
+        print(f"[{name}] {msg}", flush=True)
+
+
+def describe_exit(rc):
+    if rc is None:
+        return "still running"
+    if rc < 0:
+        try:
+            return f"killed by signal {signal.Signals(-rc).name}"
+        except ValueError:
+            return f"killed by signal {-rc}"
+    return f"exit code {rc}"
+
+
+class Child:
+    def __init__(self, name, cmd, restart=False, ready_prefix=None, env=None):
+        self.name, self.cmd, self.restart = name, cmd, restart
+        self.ready_prefix = ready_prefix
+        self.env = env
+        self.proc = None
+        self.thread = None
+        self.ready = threading.Event()
+        self.stopping = False
+        self.restarts = 0
+        self.last_lines = []
+        self.pids = []
+
+    def start(self):
+        self.ready.clear()
+        self.stopping = False
+        self.proc = subprocess.Popen(self.cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                     bufsize=1, start_new_session=True, env=self.env)
+        self.pids.append(self.proc.pid)
+        self.thread = threading.Thread(target=self._pump, name=f"log-{self.name}", daemon=True)
+        self.thread.start()
+        if self.ready_prefix is None:
+            self.ready.set()
+
+    def _pump(self):
+        for line in self.proc.stdout:
+            line = line.rstrip("\n")
+            self.last_lines = (self.last_lines + [line])[-20:]
+            say(line, self.name)
+            if self.ready_prefix and line.startswith(self.ready_prefix):
+                self.ready.set()
+
+    def alive(self):
+        return self.proc is not None and self.proc.poll() is None
+
+    def signal_group(self, sig):
+        try:
+            os.killpg(self.proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def stop(self):
+        """SIGINT, then SIGTERM, then SIGKILL (whole process group); returns the exit code."""
+        if self.proc is None:
+            return None
+        self.stopping = True
+        for sig, timeout in zip((signal.SIGINT, signal.SIGTERM, signal.SIGKILL), STOP_TIMEOUTS):
+            if self.proc.poll() is not None:
+                break
+            if sig != signal.SIGINT:
+                say(f"{self.name} did not stop; sending {sig.name}")
+            self.signal_group(sig)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                pass
+        # nothing of the group may outlive it
+        self.signal_group(signal.SIGKILL)
+        if self.thread is not None:
+            self.thread.join(5.0)
+        return self.proc.poll()
+
+
+def read_launch_config(path):
+    import tomllib
+
+    from control_node.errors import UserError
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        raise UserError(f"launch config {path} does not exist") from None
+    except tomllib.TOMLDecodeError as e:
+        raise UserError(f"launch config {path}: not valid TOML ({e})") from None
+
+
+def ensure_model(path):
+    if os.path.exists(path):
+        return
+    say(f"model {path} is missing: training it (control-node train)")
+    from train.iris import export_verified, train_iris
+    spec = train_iris()
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    export_verified(spec, path)
+    say(f"trained {' -> '.join(map(str, spec.layer_sizes))}, test accuracy {spec.test_accuracy:.4f}; wrote {path}")
+
+
+def _load_json(path):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def summary_lines(run_dir, driver):
+    lines = []
+    node = _load_json(os.path.join(run_dir, "node", "summary.json"))
+    if node:
+        w = node.get("wake_latency_ns") or {}
+        us = lambda v: "n/a" if v is None else f"{v / 1e3:.1f} us"  # noqa: E731
+        lines.append(f"node: {node.get('cycles', '?')} cycles, wake-up latency p50 {us(w.get('p50'))} "
+                     f"p99 {us(w.get('p99'))} max {us(w.get('max'))}, deadline misses "
+                     f"{node.get('deadline_misses', '?')}")
+    else:
+        lines.append("node: no summary.json")
+    sim = _load_json(os.path.join(run_dir, driver, "summary.json"))
+    if sim:
+        rt = sim.get("round_trip_ns") or {}
+        ms = lambda v: "n/a" if v is None else f"{v / 1e6:.3f} ms"  # noqa: E731
+        acc = sim.get("accuracy")
+        lines.append(f"{driver}: {sim.get('frames_sent')} frames, accuracy "
+                     f"{'n/a' if acc is None else f'{acc:.4f}'}, lost {sim.get('actions_lost')}, "
+                     f"round trip p50 {ms(rt.get('p50'))} p99 {ms(rt.get('p99'))}")
+    else:
+        lines.append(f"{driver}: no summary.json")
+    return lines
+
+
+def remove_stale_sockets(endpoints):
+    from sim.endpoints import ipc_path
+    for ep in endpoints.values():
+        p = ipc_path(ep)
+        if p and os.path.exists(p):
+            try:
+                os.unlink(p)
+                say(f"removed stale socket file {p}")
+            except OSError:
+                pass
+
+
+def launch(config=None, duration=None, record=None, run_dir=None):
+    from control_node.errors import UserError
+    from sim.endpoints import load_endpoints
+    config = config or DEFAULT_CONFIG
+    raw = read_launch_config(config)
+    lc = raw.get("launch", {}) or {}
+    ch = raw.get("children", {}) or {}
+    duration = float(duration if duration is not None else lc.get("duration", 10.0))
+    model = (raw.get("node", {}) or {}).get("model", os.path.join("models", "iris.npz"))
+    node_cfg = ch.get("node", {}) or {}
+    sim_cfg = ch.get("sim", {}) or {}
+    rep_cfg = ch.get("replay", {}) or {}
+    rec_cfg = ch.get("record", {}) or {}
+    use_replay = bool(rep_cfg.get("enabled", False))
+    use_record = bool(rec_cfg.get("enabled", False)) if record is None else record
+    eps = load_endpoints(config)
+    if "command" not in node_cfg:
+        ensure_model(model)
+    run_root = lc.get("run_root", "runs")
+    run_dir = run_dir or os.path.join(run_root, time.strftime("%Y%m%d-%H%M%S") + f"-launch-{os.getpid()}")
+    os.makedirs(run_dir, exist_ok=True)
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    py = [sys.executable, "-m", "control_node"]
+
+    node_cmd = list(node_cfg.get("command") or (py + ["run", "--config", config]))
+    node_cmd += ["--run-dir", os.path.join(run_dir, "node"), *map(str, node_cfg.get("args", []))]
+    children = [Child("node", node_cmd, bool(node_cfg.get("restart", False)), ready_prefix="ready ", env=env)]
+    if use_record:
+        rc_cmd = py + ["record", "--config", config, "--out", os.path.join(run_dir, "record", "recording.mcap"),
+                       *map(str, rec_cfg.get("args", []))]
+        children.append(Child("record", rc_cmd, bool(rec_cfg.get("restart", False)),
+                              ready_prefix="recording to ", env=env))
+    driver = "replay" if use_replay else "sim"
+    if use_replay:
+        if not rep_cfg.get("file"):
+            raise UserError(f"{config}: [children.replay] needs file = \"recording.mcap\"")
+        d_cmd = py + ["replay", str(rep_cfg["file"]), "--config", config, "--run-dir", os.path.join(run_dir, driver),
+                      *map(str, rep_cfg.get("args", []))]
+        d_restart = bool(rep_cfg.get("restart", False))
+    else:
+        d_cmd = py + ["sim", *map(str, sim_cfg.get("args", [])), "--config", config,
+                      "--run-dir", os.path.join(run_dir, driver), "--duration", f"{duration:g}"]
+        d_restart = bool(sim_cfg.get("restart", False))
+    if use_record:
+        d_cmd.append("--tap")
+    children.append(Child(driver, d_cmd, d_restart, env=env))
+
+    stop = threading.Event()
+    old = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
+    rc = 0
+    started = []
+    try:
+        say(f"config {config}; run directory {run_dir}; duration {duration:g} s")
+        for c in children:
+            say(f"starting {c.name}: {' '.join(c.cmd)}")
+            c.start()
+            started.append(c)
+            while not c.ready.wait(0.05):
+                if stop.is_set():
+                    break
+                if not c.alive():
+                    c.thread.join(2.0)
+                    say(f"{c.name} exited before it was ready ({describe_exit(c.proc.poll())})")
+                    rc = 1
+                    break
+            if stop.is_set() or rc:
+                break
+        t_end = time.monotonic() + duration + 15.0  # the driver stops itself after `duration`; this is a backstop
+        while not stop.is_set() and not rc:
+            if time.monotonic() >= t_end:
+                say(f"{driver} still running after {duration:g} s + 15 s: stopping everything")
+                break
+            drv = children[-1]
+            if drv.proc is not None and drv.proc.poll() == 0:
+                break  # normal end
+            for c in started:
+                code = c.proc.poll()
+                if code is None or (c is drv and code == 0):
+                    continue
+                c.thread.join(2.0)
+                if c.restart and c.restarts < MAX_RESTARTS:
+                    c.restarts += 1
+                    say(f"{c.name} died ({describe_exit(code)}); restarting ({c.restarts}/{MAX_RESTARTS})")
+                    c.start()
+                    continue
+                say(f"{c.name} died unexpectedly ({describe_exit(code)}); stopping the others")
+                rc = 1
+                break
+            time.sleep(0.05)
+        if stop.is_set():
+            say("interrupted: stopping everything")
+            rc = rc or 130
+    finally:
+        for c in reversed(started):  # driver first, then the recorder, then the node
+            if c.alive():
+                say(f"stopping {c.name}")
+            code = c.stop()
+            if c.stopping and code not in (0, None, -signal.SIGINT, 130) and rc == 0 and c.name != "node":
+                say(f"{c.name} ended with {describe_exit(code)}")
+        remove_stale_sockets(eps)
+        for s, h in old.items():
+            signal.signal(s, h)
+    for line in summary_lines(run_dir, driver):
+        say(line)
+    if use_record:
+        say(f"recording: {os.path.join(run_dir, 'record', 'recording.mcap')}")
+    print(f"run directory: {run_dir}", flush=True)
+    return rc
