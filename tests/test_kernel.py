@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import gc
 import itertools
+import os
 import sys
 import tracemalloc
 
@@ -42,7 +43,7 @@ def assert_matches_reference(policy, spec, X):
 widths = st.integers(min_value=1, max_value=70)
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=int(os.environ.get("KERNEL_TEST_EXAMPLES", "60")), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(n_features=st.integers(1, 12),
        hidden=st.one_of(st.lists(widths, min_size=1, max_size=1), st.lists(widths, min_size=3, max_size=3)),
        n_classes=st.integers(1, 12),
