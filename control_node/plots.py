@@ -23,6 +23,13 @@ COLORS = {"wake_latency_ns": "tab:blue", "cycle_time_ns": "tab:orange", "recv_ns
           "input_age_ns": "tab:gray", "round_trip_ns": "tab:cyan"}
 
 
+class HistCounts:
+    """Bucket counts of the node's streaming histogram (control_node/rt_hist.h layout)."""
+
+    def __init__(self, counts):
+        self.counts = np.asarray(counts, dtype=np.int64)
+
+
 def decimate_minmax(y: np.ndarray, n_buckets: int = MAX_BUCKETS):
     """Split ``y`` into at most ``n_buckets`` contiguous buckets: (first index, min, max) per bucket."""
     y = np.asarray(y)
@@ -155,6 +162,16 @@ def percentile_plot(series: dict, title: str, labels: dict | None = None) -> byt
     for name, v in series.items():
         label = (labels or {}).get(name, R.METRIC_TITLES.get(name, name))
         color = COLORS.get(name.split(":")[-1])
+        if isinstance(v, HistCounts):  # node's streaming histogram over the whole run (ring incomplete)
+            total = int(v.counts.sum())
+            if total == 0:
+                continue
+            k = np.linspace(0.0, max(1.0, np.log10(total)), 300)
+            p = 1.0 - 10.0 ** (-k)
+            q = R.hist_quantiles(v.counts, p * 100.0)
+            ax.plot(1.0 / (1.0 - p), q / 1e3, lw=1.5, color=color, label=label + " (streaming histogram)")
+            xmax = max(xmax, 1.0 / (1.0 - p[-1]))
+            continue
         if isinstance(v, dict):  # summary percentiles only (ring incomplete)
             pts = [(1 / (1 - p / 100), v.get(k)) for k, p in R.PCTS if v.get(k) is not None]
             if pts:
@@ -194,8 +211,11 @@ def _series_for(run: "R.Run", names):
             if name not in names:
                 continue
             complete = part.complete if isinstance(part, R.NodeRun) else part.arrays is not None
+            hist = getattr(part, "hist", None) or {}
             if complete:
                 out[name] = R.metric_values(part, name)
+            elif name in hist:
+                out[name] = HistCounts(hist[name])
             elif isinstance(part.summary.get(skey), dict):
                 out[name] = part.summary[skey]
     return out

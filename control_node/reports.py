@@ -48,6 +48,9 @@ CYCLE_ARRAYS = {"cycle": "i", "t_tick_ns": "i", "wake_latency_ns": "i", "recv_ns
 SIM_ARRAYS = {"seq": "i", "t_send_ns": "i", "t_action_ns": "i", "rtt_ns": "i", "truth": "i", "action": "i",
               "safe": "b"}
 
+# counters some nodes add beyond the spec; shown when present
+EXTRA_COUNTERS = [("skipped_ticks", "skipped ticks"), ("send_failures", "send failures"),
+                  ("recv_errors", "receive errors")]
 FLAG_MISS, FLAG_STALE, FLAG_REJECT, FLAG_SAFE, FLAG_NEW = 1, 2, 4, 8, 16
 NODE_REQUIRED = ["run_id", "rate_hz", "period_ns", "cycles", "ring"]
 SIM_REQUIRED = ["frames_sent", "actions_received"]
@@ -60,6 +63,7 @@ class NodeRun:
     path: Path
     summary: dict
     arrays: dict | None  # cycles.npz arrays, None when empty
+    hist: dict | None = None  # histograms.npz: metric -> bucket counts (whole run), when present
 
     @property
     def complete(self) -> bool:
@@ -136,7 +140,19 @@ def _load_node(d: Path, s: dict) -> NodeRun:
     n = len(arrays["cycle"])
     if rec is not None and rec != n:
         raise UserError(f"{d / 'cycles.npz'}: holds {n} cycles but summary.json says ring.recorded = {rec}")
-    return NodeRun(d, s, arrays if n else None)
+    hist = None
+    hf = d / "histograms.npz"
+    if hf.exists():  # optional: the node's streaming histograms over the whole run
+        try:
+            with np.load(hf, allow_pickle=False) as z:
+                hist = {k: np.asarray(z[k], dtype=np.int64) for k in z.files}
+        except (OSError, ValueError, EOFError, zipfile.BadZipFile, KeyError) as e:
+            raise UserError(f"{hf}: cannot be read ({type(e).__name__}: {e}); the file is corrupt or "
+                            "truncated (delete it to report from summary.json and cycles.npz only)") from None
+        for k, c in hist.items():
+            if c.ndim != 1:
+                raise UserError(f"{hf}: array '{k}' has shape {c.shape}, expected 1-D bucket counts")
+    return NodeRun(d, s, arrays if n else None, hist)
 
 
 def _load_sim(d: Path, s: dict) -> SimRun:
@@ -304,11 +320,16 @@ def fmt_us(ns) -> str:
     if ns is None:
         return "-"
     us = ns / 1e3
-    if abs(us) >= 10000:
+    a = abs(us)
+    if a >= 10000:
         return f"{us / 1e3:.2f} ms"
-    if abs(us) >= 100:
+    if a >= 100:
         return f"{us:.0f} us"
-    return f"{us:.1f} us"
+    if a >= 10 or a == 0:
+        return f"{us:.1f} us"
+    if a >= 1:
+        return f"{us:.2f} us"
+    return f"{us:.3f} us"
 
 
 def run_summary(run: Run) -> dict:
@@ -325,6 +346,7 @@ def run_summary(run: Run) -> dict:
             "safe_actions": s.get("safe_actions"), "superseded": s.get("superseded"),
             "frames_valid": s.get("frames_valid"), "rejected": s.get("rejected") or {},
             "rejected_total": s.get("rejected_total"), "ring": s.get("ring"),
+            **{k: s[k] for k, _ in EXTRA_COUNTERS if k in s},
             "percentile_method": ("numpy.percentile, linear interpolation, over all cycles" if node.complete
                                   else "summary.json (node's streaming histogram; ring incomplete)"),
             "stats": stats, "events": worst_events(node), "budget": s.get("budget"), "verdict": verdict(node, stats),
@@ -363,19 +385,30 @@ def comparison(summaries: list[dict]) -> list[dict]:
 # ----------------------------------------------------------------------------------------- .hgrm
 
 def hgrm_text(values_ns: np.ndarray, ticks_per_half_distance: int = 5, digits: int = 3) -> str:
-    """HdrHistogram ``outputPercentileDistribution`` text (values in microseconds).
+    """HdrHistogram ``outputPercentileDistribution`` text of raw samples (values in microseconds).
 
     Same columns, percentile ticks and footer as HdrHistogram's Java/C writers, but with exact values
     (the order statistic that reaches each percentile) instead of a bucket's highest equivalent value.
     """
-    v = np.sort(np.asarray(values_ns, dtype=np.int64))
-    n = v.size
+    vals, counts = np.unique(np.asarray(values_ns, dtype=np.int64), return_counts=True)
+    return hgrm_from_counts(vals, counts, ticks_per_half_distance, digits)
+
+
+def hgrm_from_counts(values_ns, counts, ticks_per_half_distance: int = 5, digits: int = 3,
+                     buckets: tuple = (0, 0)) -> str:
+    """``.hgrm`` text from distinct ascending values (ns) and their counts (a histogram)."""
+    values_ns = np.asarray(values_ns, dtype=np.int64)
+    counts = np.asarray(counts, dtype=np.int64)
+    nz = counts > 0
+    vals, counts = values_ns[nz], counts[nz]
+    cum = np.cumsum(counts)
+    n = int(cum[-1]) if cum.size else 0
     buf = io.StringIO()
     buf.write("%12s %14s %10s %14s\n\n" % ("Value", "Percentile", "TotalCount", "1/(1-Percentile)"))
     if n == 0:
         buf.write("#[Mean    = %12.*f, StdDeviation   = %12.*f]\n" % (digits, 0.0, digits, 0.0))
         buf.write("#[Max     = %12.*f, Total count    = %12d]\n" % (digits, 0.0, 0))
-        buf.write("#[Buckets = %12d, SubBuckets     = %12d]\n" % (0, 0))
+        buf.write("#[Buckets = %12d, SubBuckets     = %12d]\n" % buckets)
         return buf.getvalue()
     # percentile ticks as in HdrHistogram's PercentileIterator: the step halves each time the
     # remaining distance to 100% halves; each tick reports the first value whose cumulative count
@@ -387,37 +420,71 @@ def hgrm_text(values_ns: np.ndarray, ticks_per_half_distance: int = 5, digits: i
             need -= 1
         while 100.0 * need / n < p:
             need += 1
-        val = v[need - 1]
-        total = int(np.searchsorted(v, val, side="right"))
-        buf.write("%12.*f %2.12f %10d %14.2f\n" % (digits, val / 1e3, p / 100.0, total, 1.0 / (1.0 - p / 100.0)))
+        j = int(np.searchsorted(cum, need, side="left"))
+        total = int(cum[j])
+        buf.write("%12.*f %2.12f %10d %14.2f\n" % (digits, vals[j] / 1e3, p / 100.0, total, 1.0 / (1.0 - p / 100.0)))
         if total >= n:
             break
         ticks = ticks_per_half_distance * 2 ** (int(math.log2(100.0 / (100.0 - p))) + 1)
         p += 100.0 / ticks
-    buf.write("%12.*f %2.12f %10d\n" % (digits, v[-1] / 1e3, 1.0, n))
-    mean = float(v.mean(dtype=np.float64)) / 1e3
-    std = float(v.std(dtype=np.float64)) / 1e3
-    buf.write("#[Mean    = %12.*f, StdDeviation   = %12.*f]\n" % (digits, mean, digits, std))
-    buf.write("#[Max     = %12.*f, Total count    = %12d]\n" % (digits, v[-1] / 1e3, n))
-    buf.write("#[Buckets = %12d, SubBuckets     = %12d]\n" % (0, 0))
+    buf.write("%12.*f %2.12f %10d\n" % (digits, vals[-1] / 1e3, 1.0, n))
+    fv = vals.astype(np.float64)
+    mean = float((fv * counts).sum() / n)
+    std = math.sqrt(max(0.0, float((counts * (fv - mean) ** 2).sum() / n)))
+    buf.write("#[Mean    = %12.*f, StdDeviation   = %12.*f]\n" % (digits, mean / 1e3, digits, std / 1e3))
+    buf.write("#[Max     = %12.*f, Total count    = %12d]\n" % (digits, vals[-1] / 1e3, n))
+    buf.write("#[Buckets = %12d, SubBuckets     = %12d]\n" % buckets)
     return buf.getvalue()
+
+
+HIST_SUB_BITS = 7  # control_node/rt_hist.h: exact below 128 ns, then 128 sub-buckets per power of two
+
+
+def hist_lower_bounds(n_buckets: int) -> np.ndarray:
+    """Lowest value (ns) of each bucket of the node's streaming histogram (rt_hist.h)."""
+    i = np.arange(n_buckets, dtype=np.int64)
+    sub = 1 << HIST_SUB_BITS
+    lower = (sub + (i & (sub - 1))) << np.maximum((i >> HIST_SUB_BITS) - 1, 0)
+    return np.where(i < sub, i, lower)
+
+
+def hist_quantiles(counts: np.ndarray, pcts: np.ndarray) -> np.ndarray:
+    """Values (bucket lower bounds, ns) at percentiles ``pcts`` (0-100) of a streaming histogram."""
+    counts = np.asarray(counts, dtype=np.int64)
+    cum = np.cumsum(counts)
+    total = cum[-1]
+    rank = np.maximum(1, np.ceil(np.asarray(pcts) / 100.0 * total)).astype(np.int64)
+    return hist_lower_bounds(counts.size)[np.searchsorted(cum, rank)]
 
 
 def write_hgrms(run: Run, out: Path) -> list[Path]:
     files = []
     parts = [(run.node, NODE_METRICS), (run.sim, SIM_METRICS)]
     for part, metrics in parts:
-        if part is None or part.arrays is None:
+        if part is None:
             continue
         for name, *_ in metrics:
-            v = metric_values(part, name)
             f = out / f"{name.removesuffix('_ns')}.hgrm"
-            f.write_text(hgrm_text(v))
+            hist = getattr(part, "hist", None) or {}
+            if isinstance(part, NodeRun) and not part.complete and name in hist:
+                # whole run from the node's streaming histogram (bucket lower bounds, <= 0.8% low)
+                c = hist[name]
+                text = hgrm_from_counts(hist_lower_bounds(c.size), c, buckets=(c.size >> HIST_SUB_BITS,
+                                                                                1 << HIST_SUB_BITS))
+            elif part.arrays is not None and (not isinstance(part, NodeRun) or part.complete):
+                text = hgrm_text(metric_values(part, name))
+            else:
+                continue  # incomplete ring and no histogram: the ring's tail is not the run
+            f.write_text(text)
             files.append(f)
     return files
 
 
 # ----------------------------------------------------------------------------------------- terminal
+
+def _num(x, digits=3):
+    return f"{x:.{digits}f}" if isinstance(x, float) else str(x)
+
 
 def _cell(ns):
     return fmt_us(ns)
@@ -434,7 +501,7 @@ def print_terminal(summaries: list[dict], console=None) -> None:
             rate = n.get("achieved_rate_hz")
             console.print(f"rate {rate if rate is None else f'{rate:.2f}'} Hz achieved "
                           f"(configured {n.get('rate_hz')} Hz, clock {n.get('clock_mode')}), "
-                          f"{n.get('cycles')} cycles over {n.get('duration_s')} s")
+                          f"{n.get('cycles')} cycles over {_num(n.get('duration_s'))} s")
             t = Table(title="events", show_header=True)
             t.add_column("what")
             t.add_column("count", justify="right")
@@ -445,6 +512,9 @@ def print_terminal(summaries: list[dict], console=None) -> None:
             t.add_row("stale cycles", str(n.get("stale_cycles")), "")
             t.add_row("safe actions", str(n.get("safe_actions")), "")
             t.add_row("superseded frames", str(n.get("superseded")), "")
+            for k, title in EXTRA_COUNTERS:
+                if n.get(k) is not None:
+                    t.add_row(title, str(n.get(k)), "")
             t.add_row("valid frames", str(n.get("frames_valid")), "")
             rej = n.get("rejected") or {}
             t.add_row("rejected frames", str(n.get("rejected_total")),
@@ -454,7 +524,7 @@ def print_terminal(summaries: list[dict], console=None) -> None:
         if st:
             t = Table(title="latency percentiles (us)" + ("" if not n else
                       f" - {n['percentile_method']}"))
-            t.add_column("metric")
+            t.add_column("metric", no_wrap=True)
             for k in STAT_KEYS:
                 t.add_column(PCT_LABELS[k], justify="right")
             t.add_column("count", justify="right")
@@ -494,7 +564,7 @@ def print_terminal(summaries: list[dict], console=None) -> None:
 def print_comparison(summaries, console):
     from rich.table import Table
     t = Table(title="comparison (ratio = run / " + summaries[0]["label"] + ")")
-    t.add_column("metric")
+    t.add_column("metric", no_wrap=True)
     t.add_column("stat")
     for i, s in enumerate(summaries):
         t.add_column(s["label"], justify="right")
@@ -556,7 +626,7 @@ def run_html(rs: dict, pngs: dict) -> str:
         rate = n.get("achieved_rate_hz")
         parts.append("<h3>Run</h3>" + _table(["", ""], [
             ["run id", _h(n.get("run_id"))], ["started", _h(n.get("started_at"))],
-            ["duration", _h(n.get("duration_s")) + " s"],
+            ["duration", _h(_num(n.get("duration_s"))) + " s"],
             ["rate", f"{_h(None if rate is None else f'{rate:.3f}')} Hz achieved / {_h(n.get('rate_hz'))} Hz configured"],
             ["clock mode", _h(n.get("clock_mode"))], ["cycles", _h(n.get("cycles"))],
             ["ring", _h(n.get("ring"))],
@@ -568,6 +638,7 @@ def run_html(rs: dict, pngs: dict) -> str:
              _h(("cycles " + ", ".join(map(str, ev["deadline_miss_cycles"]))) if ev["deadline_miss_cycles"] else "")],
             ["stale cycles", _h(n.get("stale_cycles")), ""], ["safe actions", _h(n.get("safe_actions")), ""],
             ["superseded frames", _h(n.get("superseded")), ""], ["valid frames", _h(n.get("frames_valid")), ""],
+            *[[t, _h(n.get(k)), ""] for k, t in EXTRA_COUNTERS if n.get(k) is not None],
             ["rejected frames", _h(n.get("rejected_total")),
              _h(", ".join(f"{k} {c}" for k, c in sorted(rej.items()) if c))]], numeric_from=1))
     st = all_stats(rs)

@@ -325,6 +325,42 @@ def test_sim_only_run(tmp_path):
     assert (out / "round_trip.hgrm").is_file() and (out / "percentiles.png").is_file()
 
 
+def hist_index(v):
+    """numpy version of control_node/rt_hist.h's cn_hist_index."""
+    v = np.maximum(np.asarray(v, dtype=np.int64), 0)
+    e = np.floor(np.log2(np.maximum(v, 1))).astype(np.int64)
+    big = v >= 128
+    e = np.where(big & ((np.int64(1) << e) > v), e - 1, e)  # guard float rounding
+    mant = (v >> np.maximum(e - 7, 0)) & 127
+    return np.where(big, ((e - 6) << 7) + mant, v)
+
+
+def test_incomplete_ring_uses_streaming_histograms(tmp_path):
+    d = make_node_run(tmp_path / "r", n=2000, complete=False, total_cycles=50000, misses=())
+    rng = np.random.default_rng(9)
+    whole = {"wake_latency_ns": rng.gamma(2.0, 15_000, 50000).astype(np.int64),
+             "cycle_time_ns": rng.integers(5_000, 30_000, 50000)}
+    whole["wake_latency_ns"][123] = 7_777_777
+    hist = {k: np.bincount(hist_index(v), minlength=(64 - 7) << 7) for k, v in whole.items()}
+    np.savez(d / "histograms.npz", **hist)
+    lows = R.hist_lower_bounds((64 - 7) << 7)
+    assert lows[hist_index([0, 127, 128, 255, 256, 1000, 7_777_777])].tolist() == [0, 127, 128, 255, 256, 1000, 7_766_016]
+    try:
+        from control_node.stats import hist_lower_bounds
+        assert (hist_lower_bounds(lows.size) == lows).all()
+    except ImportError:
+        pass
+    doc, out = R.generate([d])
+    text = (out / "wake_latency.hgrm").read_text()
+    assert "Total count    =        50000]" in text
+    assert "#[Max     =     7766.016" in text
+    assert not (out / "recv.hgrm").exists()  # no histogram for it and the ring is only the tail
+    q = R.hist_quantiles(hist["wake_latency_ns"], [50.0, 99.0])
+    exact = np.percentile(whole["wake_latency_ns"], [50, 99])
+    assert np.all(q <= exact + 1) and np.all(q >= exact * 0.99 - 1)  # bucket lower bounds, <= 0.8% low
+    assert (out / "percentiles.png").is_file()
+
+
 # ------------------------------------------------------------------------------ errors
 
 def _err(path, *needles):
@@ -380,6 +416,10 @@ def test_errors_name_the_file(tmp_path):
     np.savez(d / "cycles.npz", **arrays)
     _err(d, "cycles.npz", "different lengths")
 
+    d = make_node_run(tmp_path / "badhist", n=100)
+    (d / "histograms.npz").write_bytes(b"PK\x03\x04garbage")
+    _err(d, "histograms.npz", "corrupt or truncated")
+
     d = make_node_run(tmp_path / "launchbad" / "node", n=100)
     (tmp_path / "launchbad" / "sim").mkdir()
     _err(tmp_path / "launchbad", str(tmp_path / "launchbad" / "sim" / "summary.json"))
@@ -402,13 +442,19 @@ def test_real_node_run_report(tmp_path):
         import control_node.verbs.run  # noqa: F401
     except ModuleNotFoundError as e:
         pytest.skip(f"the node is not built yet: control_node.verbs.run is not importable ({e})")
-    r = cli("run", "--duration", "2", timeout=120)
+    import socket
+    ports = []
+    for _ in range(3):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            ports.append(s.getsockname()[1])
+    cfg = tmp_path / "node.toml"  # private TCP endpoints: no clash with other nodes on this host
+    cfg.write_text("[endpoints]\n" + "".join(f'{k} = "tcp://127.0.0.1:{p}"\n'
+                                             for k, p in zip(("sensor", "action", "diagnostics"), ports)))
+    r = cli("run", "--config", cfg, "--duration", "2", "--cpu", "none", "--run-dir", tmp_path / "run", timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
-    paths = [ln.strip() for ln in (r.stdout + r.stderr).splitlines() if "runs/" in ln]
-    cand = [Path(m) for ln in paths for m in re.findall(r"(\S*runs/[^\s'\"]+)", ln)]
-    run_dir = next((ROOT / c if not c.is_absolute() else c for c in cand
-                    if ((ROOT / c) if not c.is_absolute() else c).is_dir()), None)
-    assert run_dir is not None, "could not find the run dir in: " + r.stdout + r.stderr
+    run_dir = tmp_path / "run"
+    assert str(run_dir) in r.stdout + r.stderr  # the node prints its run dir
     r2 = cli("report", run_dir, "--out", tmp_path / "rep", "--json")
     assert r2.returncode == 0, r2.stderr
     doc = json.loads(r2.stdout)
