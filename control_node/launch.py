@@ -226,6 +226,7 @@ def launch(config=None, duration=None, record=None, run_dir=None):
         for c in children:
             say(f"starting {c.name}: {' '.join(c.cmd)}")
             c.start()
+            say(f"started {c.name} (pid {c.proc.pid})")
             started.append(c)
             while not c.ready.wait(0.05):
                 if stop.is_set():
@@ -254,6 +255,7 @@ def launch(config=None, duration=None, record=None, run_dir=None):
                     c.restarts += 1
                     say(f"{c.name} died ({describe_exit(code)}); restarting ({c.restarts}/{MAX_RESTARTS})")
                     c.start()
+                    say(f"started {c.name} (pid {c.proc.pid})")
                     continue
                 say(f"{c.name} died unexpectedly ({describe_exit(code)}); stopping the others")
                 rc = 1

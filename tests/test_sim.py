@@ -1,0 +1,88 @@
+"""Simulator against the real node (`control-node run`), real processes and ipc sockets.
+
+Set CONTROL_NODE_STANDIN=1 to run against sim/standin_node.py instead (development only).
+"""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from sim.testing import ROOT, Node, child_env, make_endpoint_dir, write_node_config
+
+MODEL = os.path.join(ROOT, "models", "iris.npz")
+
+
+def cn(*args, timeout=60):
+    return subprocess.run([sys.executable, "-m", "control_node", *map(str, args)], cwd=ROOT, env=child_env(),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory):
+    d = tmp_path_factory.mktemp("simnode")
+    ep = make_endpoint_dir()
+    cfg = write_node_config(d / "node.toml", ep)
+    n = Node(cfg, MODEL, d / "node")
+    n.config, n.tmp = cfg, d
+    yield n
+    out = n.stop()
+    assert "run directory:" in out
+
+
+def test_iris_lockstep_accuracy_equals_predict_batch(node, tmp_path):
+    from kernels import Policy
+    from sklearn.datasets import load_iris
+    r = cn("sim", "iris", "--lockstep", "--config", node.config, "--run-dir", tmp_path / "sim")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.strip().splitlines()[-1] == f"run directory: {tmp_path / 'sim'}"
+    s = json.loads((tmp_path / "sim" / "summary.json").read_text())
+    rt = np.load(tmp_path / "sim" / "roundtrip.npz")
+    data = load_iris()
+    pred = Policy.load(MODEL).predict_batch(data.data)
+    assert s["role"] == "sim" and s["format"] == 1
+    assert s["frames_sent"] == 150 and s["actions_lost"] == 0
+    assert np.array_equal(rt["truth"], data.target)
+    assert not rt["safe"].any()
+    assert np.array_equal(rt["action"], pred)
+    assert s["accuracy"] == pytest.approx(float((pred == data.target).mean()), abs=0)
+    for k in ("p50", "p90", "p99", "p999", "p9999", "max", "mean", "count"):
+        assert k in s["round_trip_ns"]
+    assert s["round_trip_ns"]["count"] == 150 and (rt["rtt_ns"] > 0).all()
+
+
+def test_gauss_open_loop_summary_and_arrays(node, tmp_path):
+    r = cn("sim", "gauss", "--duration", 1.0, "--noise", 0.05, "--drop", 0.02, "--outliers", 0.01,
+           "--config", node.config, "--run-dir", tmp_path / "sim")
+    assert r.returncode == 0, r.stdout + r.stderr
+    s = json.loads((tmp_path / "sim" / "summary.json").read_text())
+    rt = np.load(tmp_path / "sim" / "roundtrip.npz")
+    assert 940 <= s["frames_sent"] <= 1000   # 2% dropped on purpose
+    assert s["frames_answered"] + s["actions_lost"] == s["frames_sent"]
+    assert s["frames_answered"] > 0.5 * s["frames_sent"]
+    assert s["accuracy"] > 0.8
+    assert s["stream"]["kind"] == "gauss" and s["stream"]["drop_prob"] == 0.02
+    assert rt["seq"].dtype == np.int64 and rt["rtt_ns"].dtype == np.int64
+    assert rt["truth"].dtype == np.int16 and rt["action"].dtype == np.int16 and rt["safe"].dtype == bool
+    lost = rt["rtt_ns"] < 0
+    assert (rt["action"][lost] == -1).all() and (np.diff(rt["seq"]) > 0).all()
+
+
+def test_gauss_stream_is_reproducible():
+    from sim.streams import gauss_stream
+    a = gauss_stream(3000, seed=5, noise=0.1, drift=0.01, outlier_prob=0.01, drop_prob=0.01)
+    b = gauss_stream(3000, seed=5, noise=0.1, drift=0.01, outlier_prob=0.01, drop_prob=0.01)
+    c = gauss_stream(3000, seed=6)
+    assert np.array_equal(a.X, b.X) and np.array_equal(a.truth, b.truth) and np.array_equal(a.drop, b.drop)
+    assert not np.array_equal(a.truth, c.truth)
+    assert len(np.unique(a.truth)) == 3   # regime switching visits the classes
+
+
+def test_sim_without_node_fails_cleanly(tmp_path):
+    ep = make_endpoint_dir()
+    cfg = write_node_config(tmp_path / "node.toml", ep)
+    r = cn("sim", "iris", "--timeout", 0.5, "--config", cfg, "--run-dir", tmp_path / "sim")
+    assert r.returncode == 2
+    assert "no answer from a node" in r.stderr
