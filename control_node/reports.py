@@ -577,7 +577,8 @@ def print_comparison(summaries, console):
             if i:
                 r = row["ratios"][i - 1]
                 cells.append("-" if r is None else f"{r:.2f}x")
-        t.add_row(METRIC_TITLES[row["metric"]], PCT_LABELS[row["stat"]], *cells)
+        t.add_row(METRIC_TITLES[row["metric"]] if row["stat"] == STAT_KEYS[0] else "", PCT_LABELS[row["stat"]],
+                  *cells, end_section=row["stat"] == STAT_KEYS[-1])
     console.print(t)
 
 
