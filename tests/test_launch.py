@@ -1,0 +1,131 @@
+"""control-node launch with real processes: clean start/stop, no orphans or socket files, crash reports, Ctrl-C."""
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+
+from sim.testing import ROOT, child_env, make_endpoint_dir
+
+MODEL = os.path.join(ROOT, "models", "iris.npz")
+
+
+def write_launch_config(path, ep_dir, duration=2.0, sim_args=("gauss",), record=False, sim_restart=False):
+    args = ", ".join(f'"{a}"' for a in sim_args)
+    path.write_text(f"""
+[node]
+model = "{MODEL}"
+
+[endpoints]
+sensor = "ipc://{ep_dir}/sensor"
+action = "ipc://{ep_dir}/action"
+diagnostics = "ipc://{ep_dir}/diagnostics"
+
+[launch]
+duration = {duration}
+
+[children.sim]
+args = [{args}]
+restart = {str(sim_restart).lower()}
+
+[children.record]
+enabled = {str(record).lower()}
+sensor_tap = "ipc://{ep_dir}/sensor_tap"
+""")
+    return path
+
+
+def launch(cfg, run_dir, *extra, timeout=60):
+    return subprocess.run([sys.executable, "-m", "control_node", "launch", str(cfg), "--run-dir", str(run_dir),
+                           *extra], cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=timeout)
+
+
+def pids_of(out):
+    return {name: int(pid) for name, pid in re.findall(r"\[launch\] started (\w+) \(pid (\d+)\)", out)}
+
+
+def assert_gone(pids, ep_dir):
+    deadline = time.monotonic() + 2
+    alive = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.05)
+        alive = [p for p in alive if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    assert not alive, f"orphans: {alive}"
+    assert os.listdir(ep_dir) == [], f"socket files left: {os.listdir(ep_dir)}"
+
+
+def test_launch_runs_and_stops_everything(tmp_path):
+    ep = make_endpoint_dir()
+    cfg = write_launch_config(tmp_path / "demo.toml", ep, duration=2.0, record=True)
+    r = launch(cfg, tmp_path / "run")
+    out = r.stdout
+    assert r.returncode == 0, out + r.stderr
+    pids = pids_of(out)
+    assert set(pids) == {"node", "sim", "record"}
+    assert "[node] ready " in out and "[sim] frames sent" in out
+    assert out.index("[node] ready ") < out.index("[launch] starting sim")
+    assert re.search(r"\[launch\] node: \d+ cycles, wake-up latency p50 .* p99 .* max .*deadline misses \d+", out)
+    assert re.search(r"\[launch\] sim: \d+ frames, accuracy 0\.\d+, lost \d+, round trip p50 .* p99 ", out)
+    assert out.strip().splitlines()[-1] == f"run directory: {tmp_path / 'run'}"
+    for sub in ("node/summary.json", "sim/summary.json", "sim/roundtrip.npz", "record/recording.mcap"):
+        assert (tmp_path / "run" / sub).exists(), sub
+    assert_gone(pids.values(), ep)
+
+
+def test_launch_reports_child_crash(tmp_path):
+    ep = make_endpoint_dir()
+    cfg = write_launch_config(tmp_path / "demo.toml", ep, duration=5.0, sim_args=("--exit-code", "3"))
+    t = time.monotonic()
+    r = launch(cfg, tmp_path / "run")
+    out = r.stdout
+    assert r.returncode == 1, out + r.stderr
+    assert "[launch] sim died unexpectedly (exit code 3); stopping the others" in out
+    assert time.monotonic() - t < 15
+    assert_gone(pids_of(out).values(), ep)
+
+
+def test_launch_bad_sim_argument(tmp_path):
+    ep = make_endpoint_dir()
+    cfg = write_launch_config(tmp_path / "demo.toml", ep, sim_args=("--no-such-option",))
+    r = launch(cfg, tmp_path / "run")
+    assert r.returncode == 1
+    assert "[launch] sim died unexpectedly (exit code 2)" in r.stdout
+    assert_gone(pids_of(r.stdout).values(), ep)
+
+
+def test_launch_ctrl_c_stops_everything(tmp_path):
+    ep = make_endpoint_dir()
+    cfg = write_launch_config(tmp_path / "demo.toml", ep, duration=60.0)
+    p = subprocess.Popen([sys.executable, "-m", "control_node", "launch", str(cfg), "--run-dir", str(tmp_path / "run")],
+                         cwd=ROOT, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines = []
+    for line in p.stdout:
+        lines.append(line)
+        if line.startswith("[sim] sim: "):
+            break
+    time.sleep(0.5)
+    t = time.monotonic()
+    p.send_signal(signal.SIGINT)
+    rest, _ = p.communicate(timeout=30)
+    out = "".join(lines) + rest
+    assert time.monotonic() - t < 15
+    assert p.returncode == 130, out
+    assert "interrupted: stopping everything" in out
+    assert (tmp_path / "run" / "node" / "summary.json").exists()
+    assert (tmp_path / "run" / "sim" / "summary.json").exists()   # the sim stops cleanly on SIGINT too
+    assert_gone(pids_of(out).values(), ep)
+
+
+def test_launch_restarts_child_when_configured(tmp_path):
+    ep = make_endpoint_dir()
+    cfg = write_launch_config(tmp_path / "demo.toml", ep, duration=5.0, sim_args=("--exit-code", "3"),
+                              sim_restart=True)
+    r = launch(cfg, tmp_path / "run")
+    out = r.stdout
+    assert "[launch] sim died (exit code 3); restarting (1/3)" in out
+    assert "[launch] sim died unexpectedly (exit code 3)" in out   # gives up after 3 restarts
+    assert r.returncode == 1
+    assert_gone(pids_of(out).values(), ep)
