@@ -602,11 +602,20 @@ def _h(x) -> str:
     return html.escape("" if x is None else str(x))
 
 
-def _table(header, rows, numeric_from=1) -> str:
-    out = ["<table><tr>" + "".join(f"<th>{_h(c)}</th>" for c in header) + "</tr>"]
+def _kv(d) -> str:
+    if not isinstance(d, dict):
+        return _h(d)
+    return "; ".join(f"{_h(k)}: {_h(v)}" for k, v in d.items())
+
+
+def _table(header, rows, numeric_from=1, numeric_to=None) -> str:
+    out = ["<table>"]
+    if header:
+        out.append("<tr>" + "".join(f"<th>{_h(c)}</th>" for c in header) + "</tr>")
     for r in rows:
         out.append("<tr>" + "".join(
-            (f'<td class="n">{c}</td>' if i >= numeric_from else f"<td>{c}</td>") for i, c in enumerate(r)) + "</tr>")
+            (f'<td class="n">{c}</td>' if numeric_from <= i < (numeric_to or 10**6) else f"<td>{c}</td>")
+            for i, c in enumerate(r)) + "</tr>")
     out.append("</table>")
     return "\n".join(out)
 
@@ -625,13 +634,13 @@ def run_html(rs: dict, pngs: dict) -> str:
         v = n["verdict"]
         parts.append(f"<p class='{'pass' if v['ok'] else 'fail'}'>{_h(v['text'])}</p>")
         rate = n.get("achieved_rate_hz")
-        parts.append("<h3>Run</h3>" + _table(["", ""], [
+        parts.append("<h3>Run</h3>" + _table(None, [
             ["run id", _h(n.get("run_id"))], ["started", _h(n.get("started_at"))],
             ["duration", _h(_num(n.get("duration_s"))) + " s"],
             ["rate", f"{_h(None if rate is None else f'{rate:.3f}')} Hz achieved / {_h(n.get('rate_hz'))} Hz configured"],
             ["clock mode", _h(n.get("clock_mode"))], ["cycles", _h(n.get("cycles"))],
-            ["ring", _h(n.get("ring"))],
-            ["model", _h(n.get("model"))], ["host", _h(n.get("host"))]], numeric_from=99))
+            ["ring", _kv(n.get("ring"))],
+            ["model", _kv(n.get("model"))], ["host", _kv(n.get("host"))]], numeric_from=99))
         ev = n["events"]
         rej = n.get("rejected") or {}
         parts.append("<h3>Events</h3>" + _table(["what", "count", "detail"], [
@@ -641,7 +650,7 @@ def run_html(rs: dict, pngs: dict) -> str:
             ["superseded frames", _h(n.get("superseded")), ""], ["valid frames", _h(n.get("frames_valid")), ""],
             *[[t, _h(n.get(k)), ""] for k, t in EXTRA_COUNTERS if n.get(k) is not None],
             ["rejected frames", _h(n.get("rejected_total")),
-             _h(", ".join(f"{k} {c}" for k, c in sorted(rej.items()) if c))]], numeric_from=1))
+             _h(", ".join(f"{k} {c}" for k, c in sorted(rej.items()) if c))]], numeric_from=1, numeric_to=2))
     st = all_stats(rs)
     if st:
         method = n["percentile_method"] if n else "numpy.percentile, linear interpolation"
@@ -668,7 +677,7 @@ def run_html(rs: dict, pngs: dict) -> str:
                                                                   numeric_from=99))
     sm = rs.get("sim")
     if sm:
-        parts.append("<h3>Simulator</h3>" + _table(["", ""], [[_h(k), _h(sm.get(k))] for k in
+        parts.append("<h3>Simulator</h3>" + _table(None, [[_h(k), _h(sm.get(k))] for k in
                      ("frames_sent", "actions_received", "actions_lost", "safe_actions", "accuracy")], numeric_from=1))
     titles = {"histogram": "Latency histogram", "timeline": "Wake-up latency timeline", "phases": "Per-phase breakdown",
               "percentiles": "Percentile distribution"}
@@ -692,7 +701,7 @@ def comparison_html(summaries, png: bytes | None) -> str:
             header.append(f"ratio {s['label']} / {summaries[0]['label']}")
     rows = []
     for row in comparison(summaries):
-        cells = [_h(METRIC_TITLES[row["metric"]]), _h(PCT_LABELS[row["stat"]])]
+        cells = [_h(METRIC_TITLES[row["metric"]]) if row["stat"] == STAT_KEYS[0] else "", _h(PCT_LABELS[row["stat"]])]
         for i, v in enumerate(row["values_ns"]):
             cells.append(_h(fmt_us(v)))
             if i:
