@@ -1,9 +1,10 @@
 """Builds the Cython extensions; all metadata lives in pyproject.toml.
 
-Flags: -O3 and -fopenmp-simd (vectorise `#pragma omp simd` loops without fast-math);
-x86-64 dispatch between AVX-512, AVX2+FMA and baseline is done in mlp_core.h with
-target_clones, so the default build runs on any x86-64. CONTROL_NODE_NATIVE=1 opts
-into -march=native for the machine that builds it (not portable: do not ship it).
+Flags: -O3, no fast-math. The kernel's vector code is written on GCC vector types in
+kernels/mlp_core.h, which compiles an AVX2+FMA copy (via `#pragma GCC target`) and an
+SSE2 baseline copy and picks one at load time, so the default build runs on any
+x86-64. CONTROL_NODE_NATIVE=1 builds a single -march=native copy instead (for the
+machine that builds it only: not portable, do not ship it).
 """
 import os
 import sys
@@ -13,7 +14,7 @@ from Cython.Build import cythonize
 from setuptools import Extension, setup
 
 native = os.environ.get("CONTROL_NODE_NATIVE", "") not in ("", "0")
-cflags = ["-O3", "-fopenmp-simd", "-fno-math-errno", "-fno-trapping-math", "-Wno-unused-function"]
+cflags = ["-O3", "-fno-math-errno", "-fno-trapping-math", "-Wno-unused-function"]
 macros = [("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")]
 if native:
     cflags.append("-march=native")

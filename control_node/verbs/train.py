@@ -30,9 +30,13 @@ def run(args):
     if args.from_sklearn:
         from sklearn.datasets import load_iris
         data = load_iris()
-        clf = joblib.load(args.from_sklearn)
-        spec = spec_from_sklearn(clf, check_X=data.data, dtype=dtype,
-                                 feature_names=[str(f) for f in data.feature_names])
+        from control_node.errors import UserError
+        try:
+            clf = joblib.load(args.from_sklearn)
+            spec = spec_from_sklearn(clf, check_X=data.data, dtype=dtype,
+                                     feature_names=[str(f) for f in data.feature_names])
+        except (OSError, ValueError, AttributeError, EOFError) as e:
+            raise UserError(f"--from-sklearn {args.from_sklearn}: {e}") from None
         if len(spec.classes) == 3:
             spec.test_accuracy = float((reference_predict(spec, data.data) == data.target).mean())
         print(f"imported MLPClassifier from {args.from_sklearn}: layers {spec.layer_sizes}; "
