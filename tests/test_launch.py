@@ -13,11 +13,12 @@ from sim.testing import ROOT, child_env, make_endpoint_dir
 MODEL = os.path.join(ROOT, "models", "iris.npz")
 
 
-def write_launch_config(path, ep_dir, duration=2.0, sim_args=("gauss",), record=False, sim_restart=False):
+def write_launch_config(path, ep_dir, duration=2.0, sim_args=("gauss",), record=False, sim_restart=False,
+                        model=MODEL):
     args = ", ".join(f'"{a}"' for a in sim_args)
     path.write_text(f"""
 [node]
-model = "{MODEL}"
+model = "{model}"
 
 [endpoints]
 sensor = "ipc://{ep_dir}/sensor"
@@ -43,8 +44,18 @@ def launch(cfg, run_dir, *extra, timeout=60):
                            *extra], cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=timeout)
 
 
+class Pids(dict):
+    """name -> pids (a restarted child has several); iterating ``values()`` gives every pid."""
+
+    def values(self):
+        return [p for ps in super().values() for p in ps]
+
+
 def pids_of(out):
-    return {name: int(pid) for name, pid in re.findall(r"\[launch\] started (\w+) \(pid (\d+)\)", out)}
+    pids = Pids()
+    for name, pid in re.findall(r"\[launch\] started (\w+) \(pid (\d+)\)", out):
+        pids.setdefault(name, []).append(int(pid))
+    return pids
 
 
 def assert_gone(pids, ep_dir):
@@ -59,10 +70,12 @@ def assert_gone(pids, ep_dir):
 
 def test_launch_runs_and_stops_everything(tmp_path):
     ep = make_endpoint_dir()
-    cfg = write_launch_config(tmp_path / "demo.toml", ep, duration=2.0, record=True)
+    model = tmp_path / "models" / "iris.npz"   # missing: launch trains it first, in-process
+    cfg = write_launch_config(tmp_path / "demo.toml", ep, duration=2.0, record=True, model=model)
     r = launch(cfg, tmp_path / "run")
     out = r.stdout
     assert r.returncode == 0, out + r.stderr
+    assert "is missing: training it" in out and model.exists()
     pids = pids_of(out)
     assert set(pids) == {"node", "sim", "record"}
     assert "[node] ready " in out and "[sim] frames sent" in out
