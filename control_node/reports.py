@@ -486,8 +486,23 @@ def _num(x, digits=3):
     return f"{x:.{digits}f}" if isinstance(x, float) else str(x)
 
 
+def us_num(ns) -> str:
+    """A latency in microseconds, number only, 3-4 significant digits (tables titled '(us)')."""
+    if ns is None:
+        return "-"
+    us = ns / 1e3
+    a = abs(us)
+    if a >= 100 or a == 0:
+        return f"{us:.0f}" if a >= 100 else "0"
+    if a >= 10:
+        return f"{us:.1f}"
+    if a >= 1:
+        return f"{us:.2f}"
+    return f"{us:.3f}"
+
+
 def _cell(ns):
-    return fmt_us(ns)
+    return us_num(ns)
 
 
 def print_terminal(summaries: list[dict], console=None) -> None:
@@ -563,7 +578,7 @@ def print_terminal(summaries: list[dict], console=None) -> None:
 
 def print_comparison(summaries, console):
     from rich.table import Table
-    t = Table(title="comparison (ratio = run / " + summaries[0]["label"] + ")")
+    t = Table(title="comparison, us (ratio = run / " + summaries[0]["label"] + ")")
     t.add_column("metric", no_wrap=True)
     t.add_column("stat")
     for i, s in enumerate(summaries):
@@ -656,7 +671,7 @@ def run_html(rs: dict, pngs: dict) -> str:
         method = n["percentile_method"] if n else "numpy.percentile, linear interpolation"
         parts.append(f"<h3>Latency percentiles (us)</h3><p class='note'>{_h(method)}</p>")
         parts.append(_table(["metric"] + [PCT_LABELS[k] for k in STAT_KEYS] + ["mean", "count"],
-                            [[_h(METRIC_TITLES[m])] + [_h(fmt_us(s[k])) for k in STAT_KEYS + ["mean"]]
+                            [[_h(METRIC_TITLES[m])] + [_h(us_num(s[k])) for k in STAT_KEYS + ["mean"]]
                              + [_h(s["count"])] for m, s in st.items()]))
     if n:
         wc = n["events"]["worst_cycles"]
@@ -703,12 +718,12 @@ def comparison_html(summaries, png: bytes | None) -> str:
     for row in comparison(summaries):
         cells = [_h(METRIC_TITLES[row["metric"]]) if row["stat"] == STAT_KEYS[0] else "", _h(PCT_LABELS[row["stat"]])]
         for i, v in enumerate(row["values_ns"]):
-            cells.append(_h(fmt_us(v)))
+            cells.append(_h(us_num(v)))
             if i:
                 r = row["ratios"][i - 1]
                 cells.append("-" if r is None else f"{r:.2f}x")
         rows.append(cells)
-    return ("<h2>Comparison</h2><p class='note'>ratio = later run / first run; above 1 means the later run is "
+    return ("<h2>Comparison (us)</h2><p class='note'>ratio = later run / first run; above 1 means the later run is "
             "slower at that percentile.</p>" + _table(header, rows, numeric_from=2) + _img(png, "comparison"))
 
 

@@ -6,8 +6,10 @@ import io
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
+import time
 import zipfile
 from pathlib import Path
 
@@ -438,6 +440,7 @@ def test_cli_error_is_message_not_traceback(tmp_path):
 # ------------------------------------------------------------------------------ real node
 
 def test_real_node_run_report(tmp_path):
+    """A real short node run with the simulator, laid out as a launch dir (node/ + sim/), reported."""
     try:
         import control_node.verbs.run  # noqa: F401
     except ModuleNotFoundError as e:
@@ -451,11 +454,29 @@ def test_real_node_run_report(tmp_path):
     cfg = tmp_path / "node.toml"  # private TCP endpoints: no clash with other nodes on this host
     cfg.write_text("[endpoints]\n" + "".join(f'{k} = "tcp://127.0.0.1:{p}"\n'
                                              for k, p in zip(("sensor", "action", "diagnostics"), ports)))
-    r = cli("run", "--config", cfg, "--duration", "2", "--cpu", "none", "--run-dir", tmp_path / "run", timeout=120)
-    assert r.returncode == 0, r.stdout + r.stderr
-    run_dir = tmp_path / "run"
-    assert str(run_dir) in r.stdout + r.stderr  # the node prints its run dir
-    r2 = cli("report", run_dir, "--out", tmp_path / "rep", "--json")
+    launch = tmp_path / "launch"
+    node = subprocess.Popen([PY, "-m", "control_node", "run", "--config", cfg, "--duration", "3", "--cpu", "none",
+                             "--run-dir", launch / "node"], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=os.environ)
+    try:
+        time.sleep(0.7)
+        sim = None
+        try:
+            import control_node.verbs.sim  # noqa: F401
+            sim = cli("sim", "--config", cfg, "--duration", "1", "--run-dir", launch / "sim", timeout=60)
+        except ModuleNotFoundError:
+            pass
+        node_out, _ = node.communicate(timeout=60)
+    finally:
+        if node.poll() is None:
+            node.kill()
+            node.wait()
+    assert node.returncode == 0, node_out
+    assert str(launch / "node") in node_out  # the node prints its run dir
+    if sim is not None and sim.returncode != 0:
+        shutil.rmtree(launch / "sim", ignore_errors=True)
+        pytest.fail("sim failed: " + sim.stdout + sim.stderr)
+    r2 = cli("report", launch, "--out", tmp_path / "rep", "--json")
     assert r2.returncode == 0, r2.stderr
     doc = json.loads(r2.stdout)
     node = doc["runs"][0]["node"]
@@ -463,4 +484,8 @@ def test_real_node_run_report(tmp_path):
     if node["ring"]["complete"]:
         with np.load(Path(node["path"]) / "cycles.npz") as z:
             assert node["stats"]["wake_latency_ns"]["p99"] == float(np.percentile(z["wake_latency_ns"], 99))
-    assert (tmp_path / "rep" / "report.html").is_file()
+            assert node["stats"]["cycle_time_ns"]["max"] == z["cycle_time_ns"].max()
+    if sim is not None:
+        assert doc["runs"][0]["sim"]["stats"]["round_trip_ns"]["count"] > 0
+    for f in ("report.html", "wake_latency.hgrm", "timeline.png"):
+        assert (tmp_path / "rep" / f).is_file(), f
