@@ -11,7 +11,6 @@ ipc path + ``_tap``, or its TCP port + 100). Without a tap, sensor frames cannot
 from __future__ import annotations
 
 import math
-import time
 from collections import deque
 
 from control_node.errors import UserError

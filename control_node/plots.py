@@ -153,7 +153,7 @@ def _pct_curve(v: np.ndarray):
     return 1.0 / (1.0 - p), q
 
 
-def percentile_plot(series: dict, title: str, labels: dict | None = None) -> bytes | None:
+def percentile_plot(series: dict, title: str, labels: dict | None = None, colors: bool = True) -> bytes | None:
     """HdrHistogram-style percentile distribution: log x axis of 1/(1-p), labelled 90%, 99%, 99.9%..."""
     series = {k: v for k, v in series.items() if v is not None}
     if not series:
@@ -162,7 +162,7 @@ def percentile_plot(series: dict, title: str, labels: dict | None = None) -> byt
     xmax = 10.0
     for name, v in series.items():
         label = (labels or {}).get(name, R.METRIC_TITLES.get(name, name))
-        color = COLORS.get(name.split(":")[-1])
+        color = COLORS.get(name) if colors else None  # None: matplotlib's cycle (one colour per run)
         if isinstance(v, HistCounts):  # node's streaming histogram over the whole run (ring incomplete)
             total = int(v.counts.sum())
             if total == 0:
@@ -252,16 +252,4 @@ def comparison_plot(runs) -> bytes | None:
             labels[f"{r.label}:{name}"] = f"{r.label} {R.METRIC_TITLES[name]}"
     if not series:
         return None
-    # distinct colours per run rather than per metric
-    fig_bytes = percentile_plot_multi(series, labels, "comparison: percentile distribution")
-    return fig_bytes
-
-
-def percentile_plot_multi(series, labels, title):
-    saved = dict(COLORS)
-    try:
-        for k in list(COLORS):
-            COLORS[k] = None  # let matplotlib cycle colours
-        return percentile_plot(series, title, labels)
-    finally:
-        COLORS.update(saved)
+    return percentile_plot(series, "comparison: percentile distribution", labels, colors=False)

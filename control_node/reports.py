@@ -169,9 +169,9 @@ def _load_one(d: Path):
     role = s.get("role")
     if role == "node":
         return _load_node(d, s)
-    if role == "sim":
+    if role in ("sim", "replay"):  # the replayer writes the simulator's format
         return _load_sim(d, s)
-    raise UserError(f"{d / 'summary.json'}: role {role!r} unknown (expected 'node' or 'sim')")
+    raise UserError(f"{d / 'summary.json'}: role {role!r} unknown (expected 'node', 'sim' or 'replay')")
 
 
 def load_run(path) -> Run:
@@ -182,13 +182,15 @@ def load_run(path) -> Run:
     if not d.is_dir():
         raise UserError(f"{d}: not a directory (pass a run dir such as runs/<id>/)")
     run = Run(d)
-    if (d / "node").is_dir() or (d / "sim").is_dir():
-        for sub in ("node", "sim"):
-            if (d / sub).is_dir():
-                r = _load_one(d / sub)
-                if not isinstance(r, NodeRun if sub == "node" else SimRun):
-                    raise UserError(f"{d / sub / 'summary.json'}: role {r.summary.get('role')!r} in {sub}/")
-                setattr(run, sub, r)
+    subs = [sub for sub in ("node", "sim", "replay") if (d / sub).is_dir()]
+    if subs:  # a launch dir: node/ plus the driver's sim/ or replay/
+        if "sim" in subs and "replay" in subs:
+            raise UserError(f"{d}: holds both sim/ and replay/; report them as separate launch dirs")
+        for sub in subs:
+            r = _load_one(d / sub)
+            if not isinstance(r, NodeRun if sub == "node" else SimRun):
+                raise UserError(f"{d / sub / 'summary.json'}: role {r.summary.get('role')!r} in {sub}/")
+            setattr(run, "node" if sub == "node" else "sim", r)
     else:
         if not any(d.iterdir()):
             raise UserError(f"{d}: empty directory, not a run dir (expected summary.json and cycles.npz)")
@@ -201,7 +203,7 @@ def load_run(path) -> Run:
         run.label = str(run.node.summary.get("run_id") or d.name)
     else:
         run.label = str(run.sim.summary.get("run_id") or d.name)
-    if run.label in ("node", "sim"):
+    if run.label in ("node", "sim", "replay"):
         run.label = d.name
     return run
 
@@ -354,7 +356,7 @@ def run_summary(run: Run) -> dict:
         }
     if run.sim is not None:
         s = run.sim.summary
-        out["sim"] = {"path": str(run.sim.path), **{k: s.get(k) for k in
+        out["sim"] = {"path": str(run.sim.path), "role": s.get("role"), **{k: s.get(k) for k in
                       ("frames_sent", "actions_received", "actions_lost", "safe_actions", "accuracy", "stream")},
                       "stats": sim_stats(run.sim)}
     return out
@@ -566,7 +568,7 @@ def print_terminal(summaries: list[dict], console=None) -> None:
         sm = rs.get("sim")
         if sm:
             acc = sm.get("accuracy")
-            console.print(f"sim: {sm.get('frames_sent')} frames sent, {sm.get('actions_received')} actions received, "
+            console.print(f"{sm.get('role') or 'sim'}: {sm.get('frames_sent')} frames sent, {sm.get('actions_received')} actions received, "
                           f"{sm.get('actions_lost')} lost, {sm.get('safe_actions')} safe, "
                           f"accuracy {acc if acc is None else f'{acc:.4f}'}")
         if n:

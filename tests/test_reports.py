@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import base64
-import io
 import json
 import os
 import re
@@ -10,7 +9,6 @@ import shutil
 import subprocess
 import sys
 import time
-import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -318,6 +316,18 @@ def test_comparison_two_runs(tmp_path):
     assert "Comparison" in html and "ratio slow / base" in html
     assert (out / "1-base" / "timeline.png").is_file() and (out / "2-slow" / "timeline.png").is_file()
     assert (out / "comparison.png").is_file()
+
+
+def test_launch_dir_with_replay(tmp_path):
+    launch = tmp_path / "l"
+    make_node_run(launch / "node", n=1000, misses=())
+    make_sim_run(launch / "replay")
+    s = json.loads((launch / "replay" / "summary.json").read_text())
+    s["role"] = "replay"
+    (launch / "replay" / "summary.json").write_text(json.dumps(s))
+    rs = R.run_summary(R.load_run(launch))
+    assert rs["sim"]["role"] == "replay" and rs["sim"]["stats"]["round_trip_ns"]["count"] > 0
+    assert rs["node"]["stats"]["wake_latency_ns"]["count"] == 1000
 
 
 def test_sim_only_run(tmp_path):
