@@ -17,6 +17,8 @@ SCHEMA = {
         "sensor": ("ipc://{runtime_dir}/sensor", str, "an ipc:// or tcp:// endpoint"),
         "action": ("ipc://{runtime_dir}/action", str, "an ipc:// or tcp:// endpoint"),
         "diagnostics": ("ipc://{runtime_dir}/diagnostics", str, "an ipc:// or tcp:// endpoint"),
+        # not bound by the node: where a simulator/replayer republishes frames for recorders and monitors
+        "sensor_tap": ("", str, 'an ipc:// or tcp:// endpoint, or "" for the default (sensor endpoint + "_tap")'),
     },
     "loop": {
         "rate_hz": (1000.0, _NUM, "a rate in Hz, 1 to 100000"),
@@ -138,7 +140,7 @@ def validate(cfg: dict, path="(config)") -> None:
         bad("stats.ring_cycles", "use 1000 or more")
     if not 0.1 <= st["diagnostics_hz"] <= 100:
         bad("stats.diagnostics_hz", "use 0.1 to 100 Hz")
-    eps = cfg["endpoints"]
+    eps = {k: v for k, v in cfg["endpoints"].items() if v}
     for name, ep in eps.items():
         if not (ep.startswith("ipc://") or ep.startswith("tcp://") or ep.startswith("inproc://")):
             bad(f"endpoints.{name}", "use ipc://PATH or tcp://HOST:PORT")

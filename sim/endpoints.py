@@ -65,7 +65,7 @@ def load_endpoints(config_path=None) -> dict:
             cfg = _read_toml(config_path)
         raw = dict(cfg.get("endpoints", {}) or {})
         # sensor_tap may be absent from the node's resolved config; read it from the file itself
-        if "sensor_tap" not in raw:
+        if not raw.get("sensor_tap"):
             try:
                 f = _read_toml(config_path)
                 # the node's schema rejects unknown [endpoints] keys: also [record] or [children.record]
@@ -76,7 +76,7 @@ def load_endpoints(config_path=None) -> dict:
             except Exception:
                 pass
     eps = {k: expand(str(raw.get(k, v))) for k, v in DEFAULTS.items()}
-    eps["sensor_tap"] = expand(str(raw["sensor_tap"])) if "sensor_tap" in raw else derive_tap(eps["sensor"])
+    eps["sensor_tap"] = expand(str(raw["sensor_tap"])) if raw.get("sensor_tap") else derive_tap(eps["sensor"])
     return eps
 
 
