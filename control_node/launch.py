@@ -278,5 +278,18 @@ def launch(config=None, duration=None, record=None, run_dir=None):
         say(line)
     if use_record:
         say(f"recording: {os.path.join(run_dir, 'record', 'recording.mcap')}")
+    _point_latest(run_dir)
     print(f"run directory: {run_dir}", flush=True)
     return rc
+
+
+def _point_latest(run_dir):
+    """<run_root>/latest -> this run, so `control-node report runs/latest` finds it."""
+    latest = os.path.join(os.path.dirname(os.path.abspath(run_dir)), "latest")
+    try:
+        if os.path.islink(latest):
+            os.unlink(latest)
+        if not os.path.exists(latest):
+            os.symlink(os.path.basename(os.path.normpath(run_dir)), latest)
+    except OSError:
+        pass
