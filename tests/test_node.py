@@ -167,17 +167,21 @@ def test_sensor_clock_answers_each_frame_once(tmp_path, iris_model_path, policy)
         X = policy.spec.check_X
         robot.connect(X[0])
         robot.actions(timeout=0.05)
-        seqs = []
-        for x in X[:30]:
-            seqs.append(robot.send(x))
-            time.sleep(0.002)
-        got = robot.actions(timeout=0.5)
-        answers = [a for a in got if a["seq"] in seqs and not a["safe"]]
-        assert sorted(a["seq"] for a in answers) == seqs   # one action per frame, none repeated
-        # after the last frame, only the watchdog speaks: safe actions every stale_after
-        assert all(a["safe"] for a in got if a not in answers)
-        for a, x in zip(sorted(answers, key=lambda a: a["seq"]), X[:30]):
+        seen = []
+        for x in X[:30]:                                    # lockstep: each frame alone in the socket
+            seq = robot.send(x)
+            got, deadline = [], time.monotonic() + 2.0
+            while not any(a["seq"] == seq for a in got):
+                assert time.monotonic() < deadline, f"frame {seq} not answered"
+                got += robot.actions(timeout=0.005)
+            seen += got
+            a = next(a for a in got if a["seq"] == seq)
             assert a["action"] == policy.predict(np.ascontiguousarray(x)) and not a["safe"]
+        seen += robot.actions(timeout=0.5)
+        answers = [a["seq"] for a in seen if not a["safe"]]
+        assert len(answers) == len(set(answers)) == 30      # one action per frame, none repeated
+        # the only safe actions come after the last frame, from the watchdog, carrying its seq
+        assert all(a["seq"] == robot.seq for a in seen if a["safe"])
     finally:
         robot.close()
         node.stop()
