@@ -118,6 +118,24 @@ def part1(args, tmp, model, cpu):
                         rt={k: v["granted"] for k, v in s["rt"].items()},
                         cycle_time_p99_us=s["cycle_time_ns"]["p99"] / 1e3)
     raw["node"] = arrays["wake_latency_ns"]
+    print(f"python loop + kernel {args.duration:g} s ...", flush=True)
+    cfg, eps = write_config(tmp)
+    out = os.path.join(tmp, "pyloop.npz")
+    pyl = subprocess.Popen(py("bench.peers.pyloop", model, eps["sensor"], eps["action"], str(args.duration), out),
+                           cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    wait_ready(pyl)
+    feeder = subprocess.Popen(py("bench.peers.feeder", eps["sensor"], "1000", str(args.duration + 2)), cwd=ROOT)
+    pyl.communicate(timeout=args.duration + 60)
+    feeder.kill()
+    feeder.wait()
+    d = np.load(out)
+    raw["pyloop"] = d["wake_latency_ns"]
+    rows["pyloop"] = pct_row(raw["pyloop"])
+    rows["pyloop"].update(late_over_period=int((raw["pyloop"] >= 1_000_000).sum()),
+                          cycle_time_p99_us=float(np.percentile(d["cycle_time_ns"], 99)) / 1e3,
+                          cycle_time_p50_us=float(np.percentile(d["cycle_time_ns"], 50)) / 1e3,
+                          traced_peak_bytes=int(d["traced_peak_bytes"]))
+    rows["node"]["cycle_time_p50_us"] = float(np.percentile(arrays["cycle_time_ns"], 50)) / 1e3
     print(f"naive loop {args.duration:g} s ...", flush=True)
     cfg, eps = write_config(tmp)
     out = os.path.join(tmp, "naive.npy")
@@ -232,10 +250,14 @@ def main(argv=None) -> int:
     print(f"settings: core {cpu}, 1 kHz, wake runs {args.duration:g} s each, round trips {args.rtt_seconds:g} s each")
     if p1:
         print("\nwake-up latency (us)          p50      p99    p99.9      max   late>1ms/misses")
-        for k in ("cyclictest", "node", "naive"):
+        for k in ("cyclictest", "node", "pyloop", "naive"):
             r = p1[k]
-            extra = r.get("late_over_period", r.get("deadline_misses"))
+            extra = r.get("deadline_misses", r.get("late_over_period"))
             print(f"  {k:<24} {r['p50']:8.1f} {r['p99']:8.1f} {r['p999']:8.1f} {r['max']:8.0f}   {extra}")
+        print(f"cycle time (wake -> published, us): node p50 {p1['node']['cycle_time_p50_us']:.1f} "
+              f"p99 {p1['node']['cycle_time_p99_us']:.1f}; python loop p50 {p1['pyloop']['cycle_time_p50_us']:.1f} "
+              f"p99 {p1['pyloop']['cycle_time_p99_us']:.1f} (traced Python memory peak "
+              f"{p1['pyloop']['traced_peak_bytes']} bytes)")
     if p2:
         print("\nsensor -> action round trip, ipc (us)   p50      p99    p99.9      max   lost")
         for k in ("echo", "node", "naive"):
