@@ -127,6 +127,9 @@ class Diagnostics(threading.Thread):
                 "safe_actions": loop.safe_actions, "superseded": loop.superseded,
                 "frames_valid": loop.frames_valid, "rejected": loop.rejected_counts(),
                 "window": window, "rt": self.rt_ref.get("rt", {}),
+                # whole run so far, from the loop's streaming histograms (bucket lower bounds)
+                "run": {"wake_latency_ns": stats.describe_hist(loop.histograms[0]),
+                        "cycle_time_ns": stats.describe_hist(loop.histograms[1])},
             }
             try:
                 self.sock.send(self.packer.pack(msg), flags=1)   # NOBLOCK: a slow monitor loses snapshots
