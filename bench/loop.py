@@ -2,7 +2,9 @@
 
 Part 1, wake-up latency (actual wake minus intended tick), each for --duration seconds, one after
 the other on the same core settings: cyclictest (rt-tests; installed with apt-get if missing),
-the node (fed by a 1 kHz sensor stream), and the naive loop (time.sleep + pyzmq + msgpack + numpy).
+the node (fed by a 1 kHz sensor stream), the same cycle as a Python loop over the kernel with the
+node's real-time set-up (the design alternative), and the naive loop (time.sleep + pyzmq + msgpack +
+numpy, no real-time set-up).
 Part 2, sensor-to-action round trip over ipc, one frame per ms, measured by the same client process:
 a bare pyzmq msgpack echo (with the node's real-time set-up), the node in sensor clock mode, and the
 naive loop. Raw data go to bench/results/raw/, the table to the terminal and --json.
@@ -101,54 +103,49 @@ def run_node(duration, model, tmp, clock="timer", feeder=True):
     return node, eps, run_dir
 
 
+def feed_until_done(proc, eps, duration):
+    """Feed a running loop at 1 kHz until it exits by itself after ``duration`` seconds."""
+    feeder = subprocess.Popen(py("bench.peers.feeder", eps["sensor"], "1000", str(duration + 2)), cwd=ROOT)
+    proc.communicate(timeout=duration + 60)
+    feeder.kill()
+    feeder.wait()
+
+
+def run_peer_loop(module, model, duration, tmp):
+    """A bench.peers loop (pyloop, naive) for ``duration`` s; returns its npz (wake_latency_ns, ...)."""
+    cfg, eps = write_config(tmp)
+    out = os.path.join(tmp, f"{module}.npz")
+    proc = subprocess.Popen(py(f"bench.peers.{module}", model, eps["sensor"], eps["action"], str(duration), out),
+                            cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    wait_ready(proc)
+    feed_until_done(proc, eps, duration)
+    return np.load(out)
+
+
 def part1(args, tmp, model, cpu):
     rows, raw = {}, {}
     print(f"cyclictest {args.duration:g} s ...", flush=True)
     rows["cyclictest"], raw["cyclictest"] = run_cyclictest(args.duration, cpu, args.priority, tmp)
     print(f"node {args.duration:g} s ...", flush=True)
     node, eps, run_dir = run_node(args.duration, model, tmp)
-    feeder = subprocess.Popen(py("bench.peers.feeder", eps["sensor"], "1000", str(args.duration + 2)), cwd=ROOT)
-    node.communicate(timeout=args.duration + 60)
-    feeder.kill()
-    feeder.wait()
+    feed_until_done(node, eps, args.duration)
     s = json.load(open(os.path.join(run_dir, "summary.json")))
     arrays = np.load(os.path.join(run_dir, "cycles.npz"))
-    rows["node"] = pct_row(arrays["wake_latency_ns"])
+    for name, d in (("node", arrays),
+                    ("pyloop", run_peer_loop("pyloop", model, args.duration, tmp)),
+                    ("naive", run_peer_loop("naive", model, args.duration, tmp))):
+        raw[name] = d["wake_latency_ns"]
+        rows[name] = pct_row(raw[name])
+        rows[name]["late_over_period"] = int((raw[name] >= 1_000_000).sum())
+        if "cycle_time_ns" in d:
+            rows[name]["cycle_time_p50_us"] = float(np.percentile(d["cycle_time_ns"], 50)) / 1e3
+            rows[name]["cycle_time_p99_us"] = float(np.percentile(d["cycle_time_ns"], 99)) / 1e3
+        if name == "pyloop":
+            rows[name]["traced_peak_bytes"] = int(d["traced_peak_bytes"])
+        if name != "node":
+            print(f"{name} {args.duration:g} s done", flush=True)
     rows["node"].update(deadline_misses=s["deadline_misses"], cycles=s["cycles"],
-                        rt={k: v["granted"] for k, v in s["rt"].items()},
-                        cycle_time_p99_us=s["cycle_time_ns"]["p99"] / 1e3)
-    raw["node"] = arrays["wake_latency_ns"]
-    print(f"python loop + kernel {args.duration:g} s ...", flush=True)
-    cfg, eps = write_config(tmp)
-    out = os.path.join(tmp, "pyloop.npz")
-    pyl = subprocess.Popen(py("bench.peers.pyloop", model, eps["sensor"], eps["action"], str(args.duration), out),
-                           cwd=ROOT, stdout=subprocess.PIPE, text=True)
-    wait_ready(pyl)
-    feeder = subprocess.Popen(py("bench.peers.feeder", eps["sensor"], "1000", str(args.duration + 2)), cwd=ROOT)
-    pyl.communicate(timeout=args.duration + 60)
-    feeder.kill()
-    feeder.wait()
-    d = np.load(out)
-    raw["pyloop"] = d["wake_latency_ns"]
-    rows["pyloop"] = pct_row(raw["pyloop"])
-    rows["pyloop"].update(late_over_period=int((raw["pyloop"] >= 1_000_000).sum()),
-                          cycle_time_p99_us=float(np.percentile(d["cycle_time_ns"], 99)) / 1e3,
-                          cycle_time_p50_us=float(np.percentile(d["cycle_time_ns"], 50)) / 1e3,
-                          traced_peak_bytes=int(d["traced_peak_bytes"]))
-    rows["node"]["cycle_time_p50_us"] = float(np.percentile(arrays["cycle_time_ns"], 50)) / 1e3
-    print(f"naive loop {args.duration:g} s ...", flush=True)
-    cfg, eps = write_config(tmp)
-    out = os.path.join(tmp, "naive.npy")
-    naive = subprocess.Popen(py("bench.peers.naive", model, eps["sensor"], eps["action"], str(args.duration), out),
-                             cwd=ROOT, stdout=subprocess.PIPE, text=True)
-    wait_ready(naive)
-    feeder = subprocess.Popen(py("bench.peers.feeder", eps["sensor"], "1000", str(args.duration + 2)), cwd=ROOT)
-    naive.communicate(timeout=args.duration + 60)
-    feeder.kill()
-    feeder.wait()
-    raw["naive"] = np.load(out)
-    rows["naive"] = pct_row(raw["naive"])
-    rows["naive"]["late_over_period"] = int((raw["naive"] >= 1_000_000).sum())
+                        rt={k: v["granted"] for k, v in s["rt"].items()})
     return rows, raw
 
 
@@ -187,7 +184,7 @@ def part2(args, tmp, model):
     node.communicate(timeout=60)
     cfg, eps = write_config(tmp)
     naive = subprocess.Popen(py("bench.peers.naive", model, eps["sensor"], eps["action"], str(args.rtt_seconds + 60),
-                                os.path.join(tmp, "naive-rtt-lat.npy")),
+                                os.path.join(tmp, "naive-rtt-lat.npz")),
                              cwd=ROOT, stdout=subprocess.PIPE, text=True)
     wait_ready(naive)
     rows["naive"], raw["naive"] = rtt(eps, n, tmp, "naive")

@@ -1,7 +1,7 @@
 """The loop a user would write first: time.sleep to the next tick, drain pyzmq, msgpack, numpy MLP, send.
 
-python -m bench.peers.naive MODEL SENSOR_EP ACTION_EP SECONDS OUT.npy
-Writes its wake-up latencies (ns) to OUT.npy. No real-time set-up at all.
+python -m bench.peers.naive MODEL SENSOR_EP ACTION_EP SECONDS OUT.npz
+Writes its wake-up latencies (ns) to OUT.npz. No real-time set-up at all.
 """
 import sys
 import time
@@ -47,7 +47,7 @@ def main():
             frame = None
         cycle += 1
         t_next += period
-    np.save(out, (np.array(lat) * 1e9).astype(np.int64))
+    np.savez(out, wake_latency_ns=(np.array(lat) * 1e9).astype(np.int64))
 
 
 if __name__ == "__main__":
