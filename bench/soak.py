@@ -1,0 +1,197 @@
+"""control-node bench soak: the node beside the simulator at 1 kHz for a long time.
+
+Starts ``control-node run`` (on private ipc endpoints in a temporary directory) and
+``control-node sim`` streaming at 1 kHz, samples the node's RSS and open file
+descriptors (psutil on the node's pid) every few seconds, stops both, and reports:
+RSS growth after a warm-up, fd count (min/max), cycles, deadline misses and miss
+rate, stale cycles and safe actions, from the node's summary.json and the
+simulator's. Zero Python allocations on the hot path is proven separately by
+tests/test_loop_core.py::test_hot_path_allocates_nothing_over_100k_cycles.
+
+    flock /tmp/control-node-bench.lock control-node bench soak --duration 600 --json bench/results/soak-600s.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _config(tmp):
+    eps = {k: f"ipc://{tmp}/{k}" for k in ("sensor", "action", "diagnostics")}
+    path = os.path.join(tmp, "node.toml")
+    with open(path, "w") as f:
+        f.write("[endpoints]\n" + "".join(f'{k} = "{v}"\n' for k, v in eps.items()))
+        f.write(f'[node]\nrun_root = "{tmp}/runs"\n')
+    return path
+
+
+def _start_node(cfg, model, run_dir, extra_args=()):
+    cmd = [sys.executable, "-m", "control_node", "run", "--config", cfg, "--run-dir", run_dir, "--quiet"]
+    if model:
+        cmd += ["--model", model]
+    cmd += list(extra_args)
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        if line.startswith("ready "):
+            return proc
+    proc.kill()
+    out, err = proc.communicate()
+    raise RuntimeError(f"node did not become ready (rc={proc.returncode}):\n{out}\n{err}")
+
+
+def sample(proc_ps):
+    """(t_monotonic, rss_bytes, num_fds) of the node process."""
+    return time.monotonic(), proc_ps.memory_info().rss, proc_ps.num_fds()
+
+
+def soak(duration, interval, warmup, model=None, keep=None, rate=1000.0, log=print):
+    import psutil
+    tmp = tempfile.mkdtemp(prefix="cn-soak-")
+    cfg = _config(tmp)
+    node_dir = os.path.join(keep or tmp, "node")
+    sim_dir = os.path.join(keep or tmp, "sim")
+    node = _start_node(cfg, model, node_dir)
+    sim = None
+    try:
+        ps = psutil.Process(node.pid)
+        sim = subprocess.Popen([sys.executable, "-m", "control_node", "sim", "gauss", "--config", cfg,
+                                "--rate", str(rate), "--duration", str(duration), "--run-dir", sim_dir],
+                               cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        t0 = time.monotonic()
+        samples = []
+        next_t = t0
+        while True:
+            now = time.monotonic()
+            if now >= next_t:
+                t, rss, fds = sample(ps)
+                samples.append({"t_s": round(t - t0, 3), "rss_bytes": rss, "num_fds": fds,
+                                "sim_running": sim.poll() is None})
+                next_t += interval
+            if sim.poll() is not None or node.poll() is not None:
+                break
+            time.sleep(min(0.2, max(0.0, next_t - time.monotonic())))
+        if node.poll() is None:
+            t, rss, fds = sample(ps)
+            samples.append({"t_s": round(t - t0, 3), "rss_bytes": rss, "num_fds": fds, "sim_running": False})
+        sim_out = sim.communicate(timeout=60)[0]
+        node.send_signal(signal.SIGTERM)
+        node_out, node_err = node.communicate(timeout=60)
+    finally:
+        for p in (sim, node):
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.communicate()
+    with open(os.path.join(node_dir, "summary.json")) as f:
+        ns = json.load(f)
+    sim_summary = None
+    try:
+        with open(os.path.join(sim_dir, "summary.json")) as f:
+            sim_summary = json.load(f)
+    except OSError:
+        log(sim_out)
+    after = [s for s in samples if s["t_s"] >= warmup] or samples[-1:]
+    rss_after_warmup = after[0]["rss_bytes"]
+    # fds while the simulator is connected (after the warm-up), and at the start/end without peers
+    fds = [s["num_fds"] for s in after if s["sim_running"]] or [s["num_fds"] for s in samples]
+    cycles = ns["cycles"]
+    report = {
+        "duration_s": duration, "rate_hz": rate, "sample_interval_s": interval, "warmup_s": warmup,
+        "node_exit_code": node.returncode, "sim_exit_code": sim.returncode,
+        "node_run_duration_s": ns["duration_s"], "cycles": cycles,
+        "achieved_rate_hz": ns["achieved_rate_hz"],
+        "deadline_misses": ns["deadline_misses"], "skipped_ticks": ns["skipped_ticks"],
+        "miss_rate": ns["deadline_misses"] / max(1, cycles + ns["skipped_ticks"]),
+        "stale_cycles": ns["stale_cycles"], "safe_actions": ns["safe_actions"],
+        "frames_valid": ns["frames_valid"], "superseded": ns["superseded"],
+        "rejected_total": ns["rejected_total"], "send_failures": ns["send_failures"],
+        "recv_errors": ns["recv_errors"],
+        "wake_latency_ns": ns["wake_latency_ns"], "cycle_time_ns": ns["cycle_time_ns"],
+        "rss_first_bytes": samples[0]["rss_bytes"], "rss_after_warmup_bytes": rss_after_warmup,
+        "rss_last_bytes": samples[-1]["rss_bytes"], "rss_max_bytes": max(s["rss_bytes"] for s in samples),
+        "rss_growth_after_warmup_bytes": samples[-1]["rss_bytes"] - rss_after_warmup,
+        "fds_min": min(fds), "fds_max": max(fds), "fds_constant": min(fds) == max(fds),
+        "fds_no_peers_start": samples[0]["num_fds"], "fds_no_peers_end": samples[-1]["num_fds"],
+        "n_samples": len(samples),
+        "rt": {k: v.get("granted") for k, v in ns.get("rt", {}).items()},
+        "sim": None if sim_summary is None else {
+            k: sim_summary.get(k) for k in ("frames_sent", "frames_answered", "actions_lost", "safe_actions",
+                                            "accuracy", "round_trip_ns")},
+        "hot_path_allocations": "none: tests/test_loop_core.py::test_hot_path_allocates_nothing_over_100k_cycles",
+        "samples": samples,
+    }
+    if keep is None:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return report
+
+
+def _mb(b):
+    return f"{b / 2**20:.2f} MB"
+
+
+def print_report(r):
+    from bench.common import print_table
+    sim = r["sim"] or {}
+    rows = [
+        ["duration / rate", f"{r['node_run_duration_s']:.1f} s at {r['rate_hz']:g} Hz"],
+        ["cycles (achieved rate)", f"{r['cycles']} ({r['achieved_rate_hz']:.1f} Hz)"],
+        ["deadline misses (skipped ticks)", f"{r['deadline_misses']} ({r['skipped_ticks']})"],
+        ["miss rate", f"{r['miss_rate']:.2e}"],
+        ["stale cycles / safe actions", f"{r['stale_cycles']} / {r['safe_actions']}"],
+        ["frames valid / superseded / rejected", f"{r['frames_valid']} / {r['superseded']} / {r['rejected_total']}"],
+        ["send failures / recv errors", f"{r['send_failures']} / {r['recv_errors']}"],
+        ["RSS first / after warm-up / last", f"{_mb(r['rss_first_bytes'])} / {_mb(r['rss_after_warmup_bytes'])} / "
+                                             f"{_mb(r['rss_last_bytes'])}"],
+        ["RSS growth after warm-up", f"{r['rss_growth_after_warmup_bytes'] / 1024:+.0f} kB"],
+        ["open fds after warm-up min / max", f"{r['fds_min']} / {r['fds_max']} "
+                                             f"({'constant' if r['fds_constant'] else 'CHANGED'})"],
+        ["open fds without peers start / end", f"{r['fds_no_peers_start']} / {r['fds_no_peers_end']}"],
+        ["wake latency p99 / max", f"{r['wake_latency_ns']['p99'] / 1e3:.1f} us / {r['wake_latency_ns']['max'] / 1e3:.1f} us"],
+        ["cycle time p99 / max", f"{r['cycle_time_ns']['p99'] / 1e3:.1f} us / {r['cycle_time_ns']['max'] / 1e3:.1f} us"],
+        ["sim frames sent / answered / lost", f"{sim.get('frames_sent')} / {sim.get('frames_answered')} / "
+                                              f"{sim.get('actions_lost')}"],
+        ["sim accuracy", f"{sim.get('accuracy')}"],
+        ["hot-path allocations", "none (tests/test_loop_core.py, 100k cycles, tracemalloc)"],
+    ]
+    print_table(f"soak: {r['duration_s']:g} s, {r['n_samples']} samples every {r['sample_interval_s']:g} s, "
+                f"warm-up {r['warmup_s']:g} s", ["", "value"], rows)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="control-node bench soak", description=__doc__.split("\n\n")[1])
+    ap.add_argument("--duration", type=float, default=600.0, help="seconds (default 600)")
+    ap.add_argument("--rate", type=float, default=1000.0, help="simulator frame rate (default 1000)")
+    ap.add_argument("--interval", type=float, default=None,
+                    help="seconds between RSS/fd samples (default: 5, or duration/10 for short runs)")
+    ap.add_argument("--warmup", type=float, default=None,
+                    help="seconds excluded from RSS growth (default: 30, or 20%% of short runs)")
+    ap.add_argument("--model", default=None, help="model file (default: the config's, models/iris.npz)")
+    ap.add_argument("--keep", default=None, help="keep the node's and simulator's run directories here")
+    ap.add_argument("--json", default=None, metavar="PATH", help="also write the report as JSON")
+    a = ap.parse_args(argv)
+    interval = a.interval or (5.0 if a.duration >= 60 else max(0.5, a.duration / 10))
+    warmup = a.warmup if a.warmup is not None else (30.0 if a.duration >= 150 else max(3.0, 0.3 * a.duration))
+    from bench.common import machine_info, write_json
+    r = soak(a.duration, interval, warmup, model=a.model, keep=a.keep, rate=a.rate)
+    print_report(r)
+    if a.json:
+        write_json(a.json, {"machine": machine_info(), "command": "control-node bench soak " + " ".join(argv or []),
+                            "report": r})
+        print(f"json: {a.json}")
+    return 0 if r["node_exit_code"] == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
