@@ -48,6 +48,16 @@ SCHEMA = {
         "ring_cycles": (600000, int, "cycles >= 1000"),
         "diagnostics_hz": (10.0, _NUM, "Hz, 0.1 to 100"),
     },
+    "security": {
+        "curve": (False, bool, "true or false"),
+        # node side: its secret key (certificate file) and the directory of allowed client public keys
+        "server_secret_key": ("", str, 'a path to the node\'s NAME.key_secret, or ""'),
+        "allowed_clients": ("", str, 'a directory of client public key files (NAME.key), or ""'),
+        # client side (sim, replay, record, top): its own secret key and the node's public key
+        "client_secret_key": ("", str, 'a path to the client\'s NAME.key_secret, or ""'),
+        "server_public_key": ("", str, 'a path to the node\'s NAME.key, or ""'),
+        "allow_plaintext_remote": (False, bool, "true or false"),
+    },
 }
 
 
@@ -144,6 +154,25 @@ def validate(cfg: dict, path="(config)") -> None:
     for name, ep in eps.items():
         if not (ep.startswith("ipc://") or ep.startswith("tcp://") or ep.startswith("inproc://")):
             bad(f"endpoints.{name}", "use ipc://PATH or tcp://HOST:PORT")
+    sec = cfg["security"]
+    if sec["curve"]:
+        if not sec["server_secret_key"]:
+            bad("security.server_secret_key", 'set it to the node\'s secret key file, e.g. "keys/node.key_secret" '
+                "(`control-node keys --out keys --name node` writes it), or set curve = false",
+                "is empty but security.curve = true")
+        if not sec["allowed_clients"]:
+            bad("security.allowed_clients", 'set it to a directory of allowed client public keys, e.g. '
+                '"keys/clients/", or set curve = false', "is empty but security.curve = true")
+    else:
+        from control_node.security import is_loopback_host, tcp_host
+        for name in ("sensor", "action", "diagnostics"):
+            host = tcp_host(cfg["endpoints"][name])
+            if host is not None and not is_loopback_host(host) and not sec["allow_plaintext_remote"]:
+                bad(f"endpoints.{name}", "bind tcp to 127.0.0.1, or enable CURVE ([security] curve = true, see "
+                    "docs/deployment.md), or, on a trusted network only, set [security] "
+                    "allow_plaintext_remote = true",
+                    f"binds plaintext tcp to the non-loopback address {host!r} "
+                    "(security.allow_plaintext_remote is false)")
     if len(set(eps.values())) != len(eps):
         bad("endpoints.sensor", "give sensor, action and diagnostics three different endpoints",
             "two endpoints are the same")

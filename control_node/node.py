@@ -179,7 +179,8 @@ class Node:
         sockets = None
         rt_session = None
         try:
-            sockets = NodeSockets(cfg["endpoints"], lim["max_frame_bytes"], lim["send_hwm"])
+            sockets = NodeSockets(cfg["endpoints"], lim["max_frame_bytes"], lim["send_hwm"],
+                                  security=cfg.get("security"))
             loop = RtLoop(policy, sockets.sensor.underlying, sockets.action.underlying, libzmq_functions(),
                           period_ns=period_ns,
                           deadline_ns=int(lp["deadline_us"] * 1000) or period_ns,

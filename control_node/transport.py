@@ -39,11 +39,29 @@ def ipc_path(endpoint: str) -> str | None:
 
 
 class NodeSockets:
-    """The node's three bound sockets: sensor SUB, action PUB, diagnostics PUB."""
+    """The node's three bound sockets: sensor SUB, action PUB, diagnostics PUB.
 
-    def __init__(self, endpoints: dict, max_frame_bytes: int, send_hwm: int = 1000):
+    ``security`` is the config's [security] table: with ``curve = true`` all three are CURVE servers and a
+    ZAP authenticator admits only the client keys in ``allowed_clients`` (control_node/security.py). ipc
+    socket directories must be private to this user (created 0700; a wider existing one is refused).
+    """
+
+    # PUB sockets only ever receive subscription messages (a few bytes): cap them hard
+    PUB_MAXMSGSIZE = 1024
+
+    def __init__(self, endpoints: dict, max_frame_bytes: int, send_hwm: int = 1000, security: dict | None = None):
+        from control_node.config import runtime_dir
+        from control_node.security import ServerCurve, check_runtime_dir
         self.ctx = zmq.Context.instance()
         self.endpoints = dict(endpoints)
+        self.curve = None
+        self._bound = []
+        for name in ("sensor", "action", "diagnostics"):     # refuse before anything is created
+            path = ipc_path(self.endpoints[name])
+            if path:
+                check_runtime_dir(path, self.endpoints[name], name, default_dir=runtime_dir())
+        if security and security.get("curve"):
+            self.curve = ServerCurve(self.ctx, security)      # raises UserError on bad/unsafe key files
         self.sensor = self.ctx.socket(zmq.SUB)
         self.sensor.setsockopt(zmq.SUBSCRIBE, b"")
         # frames up to 16x the cap still arrive and are counted as oversized; beyond
@@ -54,27 +72,30 @@ class NodeSockets:
         self.diagnostics = self.ctx.socket(zmq.PUB)
         for s in (self.action, self.diagnostics):
             s.setsockopt(zmq.SNDHWM, send_hwm)       # slow subscribers lose messages, never block us
-            s.setsockopt(zmq.MAXMSGSIZE, 1 << 20)
+            s.setsockopt(zmq.MAXMSGSIZE, self.PUB_MAXMSGSIZE)
         for sock in (self.sensor, self.action, self.diagnostics):
             sock.setsockopt(zmq.LINGER, 0)
+            if self.curve is not None:
+                self.curve.apply(sock)
         for name, sock in (("sensor", self.sensor), ("action", self.action),
                            ("diagnostics", self.diagnostics)):
             ep = self.endpoints[name]
-            path = ipc_path(ep)
-            if path:
-                os.makedirs(os.path.dirname(path) or ".", mode=0o700, exist_ok=True)
             try:
                 sock.bind(ep)
             except zmq.ZMQError as e:
                 self.close()
                 raise UserError(f"cannot bind the {name} endpoint {ep}: {e}. Fix: choose a free endpoint in "
                                 f"[endpoints] or stop the other node using it") from None
+            self._bound.append(name)
 
     def close(self):
         for sock in (self.sensor, self.action, self.diagnostics):
             if not sock.closed:
                 sock.close(linger=0)
-        for name in ("sensor", "action", "diagnostics"):
+        if self.curve is not None:
+            self.curve.stop()
+            self.curve = None
+        for name in self._bound:                     # only the socket files we created
             path = ipc_path(self.endpoints.get(name, ""))
             if path and os.path.exists(path):
                 try:
