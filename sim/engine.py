@@ -44,19 +44,24 @@ class Stopper:
 
 
 class ClosedLoop:
-    def __init__(self, endpoints, tap=None, handshake_timeout=10.0):
+    def __init__(self, endpoints, tap=None, handshake_timeout=10.0, curve=None):
+        """``curve``: client keys from control_node.security.client_curve (None: plaintext)."""
         import zmq
+
+        from control_node.security import configure_client
         self.zmq = zmq
         self.ctx = zmq.Context.instance()
         self.endpoints = endpoints
         self.pub = self.ctx.socket(zmq.PUB)
         self.pub.setsockopt(zmq.LINGER, 200)
         self.pub.setsockopt(zmq.SNDHWM, 100000)
+        configure_client(self.pub, curve)
         self.pub.connect(endpoints["sensor"])
         self.sub = self.ctx.socket(zmq.SUB)
         self.sub.setsockopt(zmq.LINGER, 0)
         self.sub.setsockopt(zmq.RCVHWM, 100000)
         self.sub.setsockopt(zmq.SUBSCRIBE, b"")
+        configure_client(self.sub, curve)
         self.sub.connect(endpoints["action"])
         self.tap = None
         self.tap_ep = tap

@@ -34,13 +34,15 @@ def run(args):
     from sim.streams import replay_stream
     if args.verify and args.loop:
         raise UserError("--verify and --loop do not go together")
+    from control_node.security import client_curve_from_config_path
     eps = load_endpoints(args.config)
     st = replay_stream(args.file, rate=args.rate, start=args.start, duration=args.duration)
     answers = recorded_answers(args.file) if args.verify else None
     lockstep = args.lockstep or args.verify
     tap = None if args.tap is None else (eps["sensor_tap"] if args.tap == "auto" else args.tap)
     run_dir = args.run_dir or engine.new_run_dir("replay")
-    loop = engine.ClosedLoop(eps, tap=tap, handshake_timeout=args.timeout)
+    loop = engine.ClosedLoop(eps, tap=tap, handshake_timeout=args.timeout,
+                              curve=client_curve_from_config_path(args.config))
     print(f"replay: {args.file}: {len(st)} frames over {st.offsets_ns[-1] / 1e9:.3f} s at rate {args.rate:g}"
           f"{' (lockstep)' if lockstep else ''}", flush=True)
     passes = 0

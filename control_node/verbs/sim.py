@@ -49,6 +49,7 @@ def run(args):
     if args.exit_code is not None:  # test hook: a simulator that dies
         print(f"sim: exiting with code {args.exit_code} as asked (--exit-code)", file=sys.stderr)
         return args.exit_code
+    from control_node.security import client_curve_from_config_path
     eps = load_endpoints(args.config)
     try:
         if args.stream == "gauss":
@@ -70,7 +71,8 @@ def run(args):
         raise UserError("nothing to send (duration * rate is 0)")
     tap = None if args.tap is None else (eps["sensor_tap"] if args.tap == "auto" else args.tap)
     run_dir = args.run_dir or engine.new_run_dir("sim")
-    loop = engine.ClosedLoop(eps, tap=tap, handshake_timeout=args.timeout)
+    loop = engine.ClosedLoop(eps, tap=tap, handshake_timeout=args.timeout,
+                              curve=client_curve_from_config_path(args.config))
     print(f"sim: {st.settings['kind']} stream, {len(st)} frames, "
           f"{'lockstep' if args.lockstep else 'open loop'}; sensor={eps['sensor']} action={eps['action']}"
           + (f" tap={tap}" if tap else ""), flush=True)

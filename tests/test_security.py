@@ -1,0 +1,267 @@
+"""Who may talk to the node: CURVE over tcp with an allow-list, private ipc dirs, refused unsafe set-ups.
+
+Real node processes, real sockets: CURVE runs inside libzmq, under the compiled loop's zmq_recv/zmq_send.
+"""
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+import time
+
+import msgpack
+import numpy as np
+import pytest
+import zmq
+
+from nodeutil import ROOT, NodeProcess, Robot, write_config
+
+from control_node import security
+from control_node.config import load_config
+from control_node.errors import ConfigError, UserError
+
+
+def make_keys(base):
+    """node + robot (allowed) + intruder (not allowed) keypairs; returns a dict of paths."""
+    kd = os.path.join(base, "keys")
+    for name in ("node", "robot", "intruder"):
+        r = subprocess.run([sys.executable, "-m", "control_node", "keys", "--out", kd, "--name", name],
+                           cwd=ROOT, capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+    allowed = os.path.join(kd, "clients")
+    os.makedirs(allowed)
+    os.link(os.path.join(kd, "robot.key"), os.path.join(allowed, "robot.key"))
+    return {"dir": kd, "allowed": allowed, "node_secret": f"{kd}/node.key_secret", "node_public": f"{kd}/node.key",
+            "robot_secret": f"{kd}/robot.key_secret", "intruder_secret": f"{kd}/intruder.key_secret"}
+
+
+def security_toml(keys, client="robot"):
+    return ("[security]\ncurve = true\n"
+            f'server_secret_key = "{keys["node_secret"]}"\n'
+            f'allowed_clients = "{keys["allowed"]}"\n'
+            f'client_secret_key = "{keys[client + "_secret"]}"\n'
+            f'server_public_key = "{keys["node_public"]}"\n')
+
+
+class CurveRobot(Robot):
+    """tests' Robot with its two sockets configured by control_node.security before they connect."""
+
+    def __init__(self, endpoints, curve):
+        self.ctx = zmq.Context.instance()
+        self.pub = self.ctx.socket(zmq.PUB)
+        self.pub.setsockopt(zmq.LINGER, 0)
+        security.configure_client(self.pub, curve)
+        self.pub.connect(endpoints["sensor"])
+        self.sub = self.ctx.socket(zmq.SUB)
+        self.sub.setsockopt(zmq.LINGER, 0)
+        self.sub.setsockopt(zmq.SUBSCRIBE, b"")
+        security.configure_client(self.sub, curve)
+        self.sub.connect(endpoints["action"])
+        self.seq = 0
+
+
+def curve_for(keys, client):
+    return {"public": zmq.auth.load_certificate(keys[client + "_secret"])[0],
+            "secret": zmq.auth.load_certificate(keys[client + "_secret"])[1],
+            "server": zmq.auth.load_certificate(keys["node_public"])[0]}
+
+
+@pytest.fixture
+def curve_node(tmp_path, iris_model_path):
+    keys = make_keys(str(tmp_path))
+    cfg = tmp_path / "node.toml"
+    write_config(cfg, tmp_path, "tcp", "[watchdog]\nstale_after_ms = 2000.0\n" + security_toml(keys))
+    node = NodeProcess(cfg, iris_model_path)
+    yield node, keys, cfg
+    node.kill()
+
+
+def summary_of(run_dir):
+    with open(os.path.join(run_dir, "summary.json")) as f:
+        return json.load(f)
+
+
+def test_allowed_client_is_answered_and_oversized_is_rejected(curve_node, iris_model_path):
+    """An allow-listed CURVE client gets the policy's answers through the compiled loop; caps still apply."""
+    from kernels import Policy
+    node, keys, cfg = curve_node
+    policy = Policy.load(iris_model_path)
+    robot = CurveRobot(node.endpoints, security.client_curve(load_config(str(cfg))))
+    try:
+        X = policy.spec.check_X
+        robot.connect(X[0])
+        for i, x in enumerate(X[:40]):
+            seq = robot.send(x)
+            a = robot.wait_answer(seq)
+            assert a is not None and a["safe"] is False, f"frame {seq} not answered"
+            assert a["action"] == policy.predict(np.ascontiguousarray(x))
+        robot.send_raw(msgpack.packb({"seq": 10 ** 6, "t_ns": 1, "x": [0.0] * 4, "pad": b"\0" * 5000}))
+        time.sleep(0.2)
+    finally:
+        robot.close()
+        rc, out, err, run_dir = node.stop()
+    assert rc == 0, err
+    s = summary_of(run_dir)
+    assert s["frames_valid"] >= 40
+    assert s["rejected"]["oversized"] == 1
+    assert s["config"]["security"]["curve"] is True
+
+
+def test_unauthenticated_and_unknown_clients_get_nothing_and_inject_nothing(curve_node):
+    """A plaintext client and a CURVE client whose key is not allow-listed: no actions, no frames accepted."""
+    node, keys, cfg = curve_node
+    plain = Robot(node.endpoints)                               # no CURVE at all
+    unknown = CurveRobot(node.endpoints, curve_for(keys, "intruder"))
+    wrong_server = CurveRobot(node.endpoints, dict(curve_for(keys, "robot"),
+                                                   server=zmq.curve_keypair()[0]))   # right key, wrong server
+    watcher = CurveRobot(node.endpoints, curve_for(keys, "robot"))  # allowed: only listens
+    got = {"plain": [], "unknown": [], "wrong_server": []}
+    x = [5.1, 3.5, 1.4, 0.2]
+    try:
+        t_end = time.monotonic() + 2.0
+        seq = 1000
+        while time.monotonic() < t_end:
+            seq += 1
+            for name, r in (("plain", plain), ("unknown", unknown), ("wrong_server", wrong_server)):
+                r.send(x, seq=seq)
+                got[name] += r.actions(timeout=0.005)
+        watched = watcher.actions(timeout=0.3)
+    finally:
+        for r in (plain, unknown, wrong_server, watcher):
+            r.close()
+        rc, out, err, run_dir = node.stop()
+    assert rc == 0, err
+    assert got == {"plain": [], "unknown": [], "wrong_server": []}
+    assert watched, "the allowed watcher should receive the node's (safe) actions"
+    assert all(a["safe"] and a["seq"] == -1 for a in watched), "an intruder's frame was answered"
+    s = summary_of(run_dir)
+    assert s["frames_valid"] == 0 and s["rejected_total"] == 0
+    assert s["cycles"] > 0
+
+
+def test_sim_with_curve_keys(curve_node, tmp_path):
+    """`control-node sim --config` reads [security] client keys and closes the loop over CURVE."""
+    node, keys, cfg = curve_node
+    r = subprocess.run([sys.executable, "-m", "control_node", "sim", "--config", str(cfg), "--duration", "1",
+                        "--rate", "200", "--run-dir", str(tmp_path / "sim")], cwd=ROOT, capture_output=True,
+                       text=True, timeout=60)
+    rc, out, err, run_dir = node.stop()
+    assert r.returncode == 0, r.stdout + r.stderr
+    sim = summary_of(tmp_path / "sim")
+    assert sim["frames_answered"] >= 150 and sim["accuracy"] is not None
+    assert summary_of(run_dir)["frames_valid"] >= 150
+
+
+def run_node_expect_refusal(cfg, model, timeout=60):
+    r = subprocess.run([sys.executable, "-m", "control_node", "run", "--config", str(cfg), "--model", str(model),
+                        "--duration", "1"], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
+    assert "ready" not in r.stdout
+    return r.stderr
+
+
+@pytest.mark.parametrize("mode", [0o644, 0o640])
+def test_readable_server_secret_refused(tmp_path, iris_model_path, mode):
+    keys = make_keys(str(tmp_path))
+    os.chmod(keys["node_secret"], mode)
+    cfg = tmp_path / "node.toml"
+    write_config(cfg, tmp_path, "tcp", security_toml(keys))
+    err = run_node_expect_refusal(cfg, iris_model_path)
+    assert keys["node_secret"] in err and f"chmod 600 {keys['node_secret']}" in err
+    assert "security.server_secret_key" in err
+
+
+def test_readable_client_secret_refused(tmp_path):
+    keys = make_keys(str(tmp_path))
+    os.chmod(keys["robot_secret"], 0o644)
+    cfg = tmp_path / "node.toml"
+    write_config(cfg, tmp_path, "tcp", security_toml(keys))
+    with pytest.raises(UserError, match="chmod 600"):
+        security.client_curve(load_config(str(cfg)))
+    r = subprocess.run([sys.executable, "-m", "control_node", "sim", "--config", str(cfg), "--duration", "0.1"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and keys["robot_secret"] in r.stderr and "chmod 600" in r.stderr
+
+
+def test_writable_allow_list_and_empty_allow_list_refused(tmp_path, iris_model_path):
+    keys = make_keys(str(tmp_path))
+    cfg = tmp_path / "node.toml"
+    write_config(cfg, tmp_path, "tcp", security_toml(keys))
+    os.chmod(keys["allowed"], 0o777)
+    assert "chmod 755" in run_node_expect_refusal(cfg, iris_model_path)
+    os.chmod(keys["allowed"], 0o700)
+    os.unlink(os.path.join(keys["allowed"], "robot.key"))
+    assert "holds no public key files" in run_node_expect_refusal(cfg, iris_model_path)
+
+
+def test_curve_needs_key_paths(tmp_path):
+    cfg = tmp_path / "node.toml"
+    write_config(cfg, tmp_path, "tcp", "[security]\ncurve = true\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(str(cfg))
+    assert e.value.field == "security.server_secret_key" and "control-node keys" in str(e.value)
+
+
+def test_non_loopback_plaintext_tcp_refused(tmp_path, iris_model_path):
+    cfg = tmp_path / "node.toml"
+    eps = write_config(cfg, tmp_path, "tcp")
+    text = cfg.read_text().replace(eps["action"], "tcp://0.0.0.0:" + eps["action"].rsplit(":", 1)[1])
+    cfg.write_text(text)
+    err = run_node_expect_refusal(cfg, iris_model_path)
+    assert "endpoints.action" in err and "security.allow_plaintext_remote" in err and "0.0.0.0" in err
+    cfg.write_text(text + "[security]\nallow_plaintext_remote = true\n")   # explicit opt-in: accepted
+    assert load_config(str(cfg))["security"]["allow_plaintext_remote"] is True
+    for ep, ok in (("tcp://127.0.0.1:5555", True), ("tcp://localhost:1", True), ("tcp://[::1]:1", True),
+                   ("tcp://*:5555", False), ("tcp://10.200.0.1:5555", False), ("tcp://eth0:5555", False)):
+        assert security.is_loopback_host(security.tcp_host(ep)) is ok, ep
+
+
+def test_wide_ipc_dir_refused(tmp_path, iris_model_path):
+    ep_dir = tmp_path / "eps"
+    ep_dir.mkdir()
+    os.chmod(ep_dir, 0o755)
+    cfg = tmp_path / "node.toml"
+    write_config(cfg, ep_dir, "ipc")
+    err = run_node_expect_refusal(cfg, iris_model_path)
+    assert str(ep_dir) in err and f"chmod 700 {ep_dir}" in err
+    assert not any(p.is_socket() for p in ep_dir.iterdir())
+
+
+def test_default_runtime_dir_is_tightened(tmp_path):
+    d = tmp_path / "rt"
+    d.mkdir()
+    os.chmod(d, 0o755)
+    security.check_runtime_dir(str(d / "sensor"), "ipc://x", "sensor", default_dir=str(d))
+    assert stat.S_IMODE(os.stat(d).st_mode) == 0o700
+    new = tmp_path / "new" / "sub"
+    security.check_runtime_dir(str(new / "sensor"), "ipc://x", "sensor")
+    assert stat.S_IMODE(os.stat(new).st_mode) == 0o700
+
+
+def test_every_socket_has_a_size_cap(tmp_path):
+    from control_node.transport import NodeSockets
+    d = tmp_path / "eps"
+    eps = {k: f"ipc://{d}/{k}" for k in ("sensor", "action", "diagnostics")}
+    socks = NodeSockets(eps, 4096)
+    try:
+        assert socks.sensor.getsockopt(zmq.MAXMSGSIZE) == 16 * 4096
+        for s in (socks.action, socks.diagnostics):
+            assert 0 < s.getsockopt(zmq.MAXMSGSIZE) <= 1024
+    finally:
+        socks.close()
+
+
+def test_keys_verb_modes_and_no_overwrite(tmp_path):
+    out = tmp_path / "k"
+    run = lambda *a: subprocess.run([sys.executable, "-m", "control_node", "keys", "--out", str(out), *a],
+                                    cwd=ROOT, capture_output=True, text=True)
+    assert run("--name", "robot1").returncode == 0
+    assert stat.S_IMODE(os.stat(out / "robot1.key_secret").st_mode) == 0o600
+    assert stat.S_IMODE(os.stat(out / "robot1.key").st_mode) == 0o644
+    pub, sec = zmq.auth.load_certificate(str(out / "robot1.key_secret"))
+    assert sec and pub == zmq.auth.load_certificate(str(out / "robot1.key"))[0]
+    r = run("--name", "robot1")
+    assert r.returncode == 2 and "--force" in r.stderr
+    assert run("--name", "../x").returncode == 2
