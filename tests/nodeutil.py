@@ -133,3 +133,135 @@ class Robot:
     def close(self):
         self.pub.close(linger=0)
         self.sub.close(linger=0)
+
+
+# ---- helpers for the reliability tests (tests/test_reliability.py, tests/test_fuzz_node.py) ----
+
+def load_run(run_dir):
+    """(summary dict, cycles.npz arrays as a dict) of a node run directory."""
+    import json
+    with open(os.path.join(run_dir, "summary.json")) as f:
+        summary = json.load(f)
+    with np.load(os.path.join(run_dir, "cycles.npz")) as z:
+        arrays = {k: z[k] for k in z.files}
+    return summary, arrays
+
+
+class ActionCollector:
+    """A SUB on the node's action endpoint drained by a background thread: every action, in order,
+    with the local receive time (``t_rx_ns``)."""
+
+    def __init__(self, endpoint, rcvhwm=100_000):
+        import threading
+        self.sub = zmq.Context.instance().socket(zmq.SUB)
+        self.sub.setsockopt(zmq.LINGER, 0)
+        self.sub.setsockopt(zmq.RCVHWM, rcvhwm)
+        self.sub.setsockopt(zmq.SUBSCRIBE, b"")
+        self.sub.connect(endpoint)
+        self.actions = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self):
+        while not self._stop.is_set():
+            if self.sub.poll(20):
+                while True:
+                    try:
+                        raw = self.sub.recv(zmq.NOBLOCK)
+                    except zmq.Again:
+                        break
+                    a = msgpack.unpackb(raw)
+                    a["t_rx_ns"] = time.monotonic_ns()
+                    self.actions.append(a)
+
+    def close(self):
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self.sub.close(linger=0)
+        return self.actions
+
+
+def start_node(tmp_path, model, extra="", args=(), transport="ipc"):
+    """A node on endpoints private to ``tmp_path``; returns (NodeProcess, config path)."""
+    cfg = os.path.join(str(tmp_path), "node.toml")
+    write_config(cfg, str(tmp_path), transport, extra)
+    return NodeProcess(cfg, model, *args), cfg
+
+
+def cli_popen(*args, **kw):
+    """``python -m control_node ARGS`` as a child process (stdout+stderr piped, text)."""
+    return subprocess.Popen([sys.executable, "-m", "control_node", *map(str, args)], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
+
+
+FLOOD_SCRIPT = r"""
+import json, sys, time
+import msgpack, numpy as np, zmq
+endpoint, rate, duration, seq0 = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])
+xs = [list(map(float, r)) for r in np.asarray(json.loads(sys.argv[5]))]
+pub = zmq.Context.instance().socket(zmq.PUB)
+pub.setsockopt(zmq.LINGER, 1000)
+pub.setsockopt(zmq.SNDHWM, 100000)
+pub.connect(endpoint)
+time.sleep(0.3)                                  # slow joiner
+period = 1.0 / rate
+t0 = time.monotonic()
+n = 0
+dropped = 0
+while True:
+    now = time.monotonic()
+    if now - t0 >= duration:
+        break
+    due = int((now - t0) / period) + 1           # frames that should have been sent by now
+    while n < due:
+        seq = seq0 + n
+        try:
+            pub.send(msgpack.packb({"seq": seq, "t_ns": time.monotonic_ns(), "x": xs[seq % len(xs)]}), zmq.NOBLOCK)
+        except zmq.Again:
+            dropped += 1
+        n += 1
+elapsed = time.monotonic() - t0
+pub.close(linger=1000)
+print(json.dumps({"sent": n, "send_dropped": dropped, "first_seq": seq0, "last_seq": seq0 + n - 1,
+                  "elapsed_s": elapsed}), flush=True)
+"""
+
+
+def start_flood(endpoint, rate_hz, duration_s, seq0, xs):
+    """A separate publisher process sending valid frames (seq0, seq0+1, ...; x cycling through ``xs``)
+    at ``rate_hz`` for ``duration_s``; its stdout's last line is a JSON report (sent, last_seq, ...)."""
+    import json
+    return subprocess.Popen([sys.executable, "-c", FLOOD_SCRIPT, endpoint, str(rate_hz), str(duration_s),
+                             str(seq0), json.dumps(np.asarray(xs).tolist())],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def start_hog(cpu=None):
+    """A busy-loop process (optionally pinned to ``cpu``). Stop it with ``.kill()``."""
+    code = "import os, sys\n"
+    if cpu is not None:
+        code += f"os.sched_setaffinity(0, {{{int(cpu)}}})\n"
+    code += "while True:\n    pass\n"
+    return subprocess.Popen([sys.executable, "-c", code])
+
+
+DIAG_RACE = "number of non-zero array elements changed"
+
+
+def stop_node(node, sig=None, timeout=15.0):
+    """``node.stop()`` that recognises a known node bug: when the diagnostics thread has died on the
+    histogram race (stats.describe_hist reading a histogram the loop writes), the node no longer sees
+    SIGTERM. Then the node is killed and the calling test is marked xfail with the evidence (see
+    tests/test_reliability.py::test_describe_hist_survives_live_histogram)."""
+    import pytest
+    import signal as _signal
+    try:
+        return node.stop(sig or _signal.SIGTERM, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        node.proc.kill()
+        out, err = node.proc.communicate()
+        if DIAG_RACE in (err or ""):
+            pytest.xfail("BUG: the node's diagnostics thread died (RuntimeError: " + DIAG_RACE +
+                         " in stats.describe_hist), so SIGTERM was ignored")
+        raise
