@@ -105,7 +105,9 @@ def soak(duration, interval, warmup, model=None, keep=None, rate=1000.0, log=pri
     after = [s for s in samples if s["t_s"] >= warmup] or samples[-1:]
     rss_after_warmup = after[0]["rss_bytes"]
     # fds while the simulator is connected (after the warm-up), and at the start/end without peers
-    fds = [s["num_fds"] for s in after if s["sim_running"]] or [s["num_fds"] for s in samples]
+    # (the simulator streams for `duration` after it connected: samples up to `duration` are inside that)
+    steady = [s for s in after if s["sim_running"] and s["t_s"] <= duration]
+    fds = [s["num_fds"] for s in steady] or [s["num_fds"] for s in samples]
     cycles = ns["cycles"]
     report = {
         "duration_s": duration, "rate_hz": rate, "sample_interval_s": interval, "warmup_s": warmup,

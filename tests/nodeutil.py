@@ -182,11 +182,24 @@ class ActionCollector:
         return self.actions
 
 
+STARTED_NODES = []
+
+
 def start_node(tmp_path, model, extra="", args=(), transport="ipc"):
-    """A node on endpoints private to ``tmp_path``; returns (NodeProcess, config path)."""
+    """A node on endpoints private to ``tmp_path``; returns (NodeProcess, config path).
+    Nodes started here are listed in STARTED_NODES (see reap_nodes)."""
     cfg = os.path.join(str(tmp_path), "node.toml")
     write_config(cfg, str(tmp_path), transport, extra)
-    return NodeProcess(cfg, model, *args), cfg
+    node = NodeProcess(cfg, model, *args)
+    STARTED_NODES.append(node)
+    return node, cfg
+
+
+def reap_nodes():
+    """SIGKILL every node start_node started that is still running (a failed test must not leave a
+    SCHED_FIFO node spinning on the loop core)."""
+    while STARTED_NODES:
+        STARTED_NODES.pop().kill()
 
 
 def cli_popen(*args, **kw):
