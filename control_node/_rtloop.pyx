@@ -386,7 +386,8 @@ cdef class RtLoop:
                 self.deadline_misses += 1
                 flags |= FLAG_MISS
             self._record(tick, wake_lat, t_wake, t_recv, t_infer, t_pub, period,
-                         (t_wake - tns) if tns >= 0 else -1, flags, action, seq)
+                         # input age only where the policy acted on a frame (not for safe actions)
+                         (t_wake - tns) if (tns >= 0 and not (flags & FLAG_SAFE)) else -1, flags, action, seq)
             k += 1
             if self.catch_up_skip:
                 # every tick that already passed is skipped, and each one is a miss

@@ -56,11 +56,23 @@ def no_message_hint(endpoint: str, kind: str) -> str:
     return f"no messages from {endpoint}{where}"
 
 
+def curve_for(kind: str, config=None) -> dict | None:
+    """CURVE client keys for the node's own sockets (action, diagnostics) when the config turns CURVE on.
+
+    The sensor tap belongs to the simulator/replayer and stays plaintext (bind it on loopback or ipc)."""
+    if kind not in ("action", "diagnostics"):
+        return None
+    from control_node.security import client_curve_from_config_path
+    return client_curve_from_config_path(config)
+
+
 class Subscriber:
     """A SUB socket connected to ``endpoint``, subscribed to everything."""
 
-    def __init__(self, endpoint: str, rcvhwm: int = 100000):
+    def __init__(self, endpoint: str, rcvhwm: int = 100000, curve: dict | None = None):
         import zmq
+
+        from control_node.security import configure_client
         self.zmq = zmq
         self.endpoint = endpoint
         self.ctx = zmq.Context()
@@ -68,6 +80,7 @@ class Subscriber:
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.RCVHWM, rcvhwm)
         self.sock.setsockopt(zmq.SUBSCRIBE, b"")
+        configure_client(self.sock, curve)
         try:
             self.sock.connect(endpoint)
         except zmq.ZMQError as e:

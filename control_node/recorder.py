@@ -28,8 +28,12 @@ def best_compression():
         return CompressionType.NONE
 
 
-def record(endpoints, out, duration=None, flush_interval=1.0, chunk_size=256 * 1024, stopper=None, log=print):
+def record(endpoints, out, duration=None, flush_interval=1.0, chunk_size=256 * 1024, stopper=None, log=print,
+           curve=None):
+    """``curve``: client keys for the node's action/diagnostics sockets (the sensor tap stays plaintext)."""
     import zmq
+
+    from control_node.security import configure_client
     from mcap.writer import Writer
 
     ctx = zmq.Context.instance()
@@ -40,6 +44,8 @@ def record(endpoints, out, duration=None, flush_interval=1.0, chunk_size=256 * 1
         s.setsockopt(zmq.RCVHWM, 100000)
         s.setsockopt(zmq.RECONNECT_IVL, 10)
         s.setsockopt(zmq.SUBSCRIBE, b"")
+        if key != "sensor_tap":
+            configure_client(s, curve)
         s.connect(endpoints[key])
         socks[topic] = s
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)

@@ -45,16 +45,6 @@ def check_private_file(path: str, what: str) -> None:
                         f"Fix: chown it to the user running control-node, mode 600")
 
 
-def check_config_file(path: str, holds_secrets: bool) -> None:
-    """A config file that holds secret material must not be group/world readable."""
-    if not holds_secrets or not path or not os.path.exists(path):
-        return
-    mode = stat.S_IMODE(os.stat(path).st_mode)
-    if mode & 0o077:
-        raise UserError(f"config {path} holds secrets but is accessible by group/others (mode {mode:04o}). "
-                        f"Fix: chmod 600 {path}")
-
-
 def load_secret(path: str, what: str) -> tuple[bytes, bytes]:
     """(public, secret) z85 keys from a ``.key_secret`` certificate, after the permission check."""
     import zmq.auth

@@ -22,7 +22,7 @@ def run(args):
     from control_node.errors import UserError
     endpoint, kind = monitor.resolve(args.topic, args.config)
     seen = 0
-    with monitor.Subscriber(endpoint) as sub:
+    with monitor.Subscriber(endpoint, curve=monitor.curve_for(kind, args.config)) as sub:
         while args.count is None or seen < args.count:
             frames = sub.recv(args.timeout)
             if frames is None:

@@ -30,7 +30,7 @@ def run(args):
     start = time.monotonic()
     last_msg = start
     next_print = start + 1.0
-    with monitor.Subscriber(endpoint) as sub:
+    with monitor.Subscriber(endpoint, curve=monitor.curve_for(kind, args.config)) as sub:
         while True:
             now = time.monotonic()
             if args.duration is not None and now - start >= args.duration:

@@ -22,6 +22,7 @@ def run(args):
     import time
 
     from control_node.recorder import record
+    from control_node.security import client_curve_from_config_path
     from sim.endpoints import load_endpoints
     from sim.engine import Stopper
     eps = load_endpoints(args.config)
@@ -31,7 +32,7 @@ def run(args):
                                    "recording.mcap")
     with Stopper() as stopper:
         counts = record(eps, out, duration=args.duration, flush_interval=args.flush_interval, stopper=stopper,
-                        log=lambda m: print(m, flush=True))
+                        log=lambda m: print(m, flush=True), curve=client_curve_from_config_path(args.config))
     print("recorded " + ", ".join(f"{t} {n}" for t, n in counts.items()))
     print(f"recording: {out}", flush=True)
     return 0

@@ -33,7 +33,7 @@ def run(args):
         msg = monitor.decode(frames)
         return msg if isinstance(msg, dict) and "<undecodable>" not in msg else {}
 
-    with monitor.Subscriber(endpoint) as sub:
+    with monitor.Subscriber(endpoint, curve=monitor.curve_for("diagnostics", args.config)) as sub:
         if args.once:
             deadline = time.monotonic() + timeout
             while True:

@@ -22,7 +22,6 @@ def register(sub):
 
 def run(args):
     import joblib
-    import numpy as np
 
     from kernels.reference import reference_predict
     from train.iris import export_verified, spec_from_sklearn, train_iris
