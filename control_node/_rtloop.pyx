@@ -45,7 +45,8 @@ cdef extern from "frame_codec.h" nogil:
         CN_ACTION_BYTES
     int cn_decode_frame(const uint8_t *buf, size_t len, int n_features, double *scratch,
                         double *x_out, uint64_t *seq, int64_t *t_ns)
-    size_t cn_encode_action(uint8_t *out, int64_t seq, int64_t t_ns, uint64_t cycle, int action, int safe)
+    size_t cn_encode_action(uint8_t *out, uint64_t seq, int have_seq, int64_t t_ns, uint64_t cycle, int action,
+                            int safe)
 
 cdef extern from "rt_hist.h" nogil:
     enum: CN_HIST_BUCKETS
@@ -75,9 +76,10 @@ cdef enum:
     FLAG_REJECTED = 4
     FLAG_SAFE = 8
     FLAG_NEW_FRAME = 16
+    FLAG_NO_FRAME_YET = 32     # no valid frame since start: seq in the ring is meaningless
 
 FLAGS = {"miss": FLAG_MISS, "stale": FLAG_STALE, "rejected": FLAG_REJECTED, "safe": FLAG_SAFE,
-         "new_frame": FLAG_NEW_FRAME}
+         "new_frame": FLAG_NEW_FRAME, "no_frame_yet": FLAG_NO_FRAME_YET}
 
 REASONS = ("ok", "oversized", "multipart", "malformed", "not_a_map", "missing_field", "wrong_type",
            "feature_count", "non_finite", "seq_not_increasing", "non_finite_output")
@@ -153,7 +155,7 @@ cdef class RtLoop:
     cdef int64_t *r_age
     cdef uint8_t *r_flags
     cdef int16_t *r_action
-    cdef int64_t *r_seq
+    cdef uint64_t *r_seq
     cdef int64_t *hist
     cdef readonly object ring
     cdef readonly object histograms
@@ -192,7 +194,7 @@ cdef class RtLoop:
             "infer_ns": np.zeros(n, np.int64), "publish_ns": np.zeros(n, np.int64),
             "cycle_time_ns": np.zeros(n, np.int64), "period_ns": np.zeros(n, np.int64),
             "input_age_ns": np.zeros(n, np.int64), "flags": np.zeros(n, np.uint8),
-            "action": np.zeros(n, np.int16), "seq": np.zeros(n, np.int64),
+            "action": np.zeros(n, np.int16), "seq": np.zeros(n, np.uint64),
         }
         for a in ring.values():
             a.fill(1)      # touch every page now (np.zeros maps them lazily)
@@ -211,7 +213,7 @@ cdef class RtLoop:
         self.r_age = <int64_t *> cnp.PyArray_DATA(ring["input_age_ns"])
         self.r_flags = <uint8_t *> cnp.PyArray_DATA(ring["flags"])
         self.r_action = <int16_t *> cnp.PyArray_DATA(ring["action"])
-        self.r_seq = <int64_t *> cnp.PyArray_DATA(ring["seq"])
+        self.r_seq = <uint64_t *> cnp.PyArray_DATA(ring["seq"])
         self._keep = (rx, xs)
         cdef int i
         for i in range(CN_N_REASONS):
@@ -243,10 +245,12 @@ cdef class RtLoop:
         self.t_end_ns = now_ns()
 
     # ------------------------------------------------------------------ hot path
-    cdef inline int _drain(self, int64_t *seq_out, int64_t *tns_out, int64_t *last_seq, bint *have_seq,
+    cdef inline int _drain(self, uint64_t *seq_io, int64_t *tns_out, bint *have_seq,
                            bint accept_any_seq) noexcept nogil:
         """Read every waiting frame; keep the newest valid one in x_cur. Returns 1 if one
-        was accepted, plus 2 if any was rejected."""
+        was accepted, plus 2 if any was rejected. seq_io holds the last accepted seq (uint64,
+        compared unsigned: no frame can pass by wrapping); accept_any_seq lifts that rule
+        after the watchdog tripped, so a restarted sender may start again from 0."""
         cdef int n, reason, more, got = 0, rej = 0
         cdef size_t more_len
         cdef uint64_t seq
@@ -271,7 +275,7 @@ cdef class RtLoop:
                 reason = CN_OVERSIZED
             else:
                 reason = cn_decode_frame(self.rx, n, self.n_features, self.scratch, self.x_new, &seq, &tns)
-                if reason == CN_OK and have_seq[0] and not accept_any_seq and <int64_t> seq <= last_seq[0]:
+                if reason == CN_OK and have_seq[0] and not accept_any_seq and seq <= seq_io[0]:
                     reason = CN_SEQ_NOT_INCREASING
             if reason != CN_OK:
                 self.rejected[reason] += 1
@@ -282,15 +286,14 @@ cdef class RtLoop:
             got = 1
             self.frames_valid += 1
             memcpy(self.x_cur, self.x_new, sizeof(double) * self.n_features)
-            last_seq[0] = <int64_t> seq
+            seq_io[0] = seq
             have_seq[0] = True
             accept_any_seq = False
-            seq_out[0] = <int64_t> seq
             tns_out[0] = tns
         return got | rej
 
-    cdef inline void _publish(self, int64_t seq, int64_t tns, int action, bint safe) noexcept nogil:
-        cdef size_t n = cn_encode_action(self.tx, seq, tns, <uint64_t> self.cycles, action, safe)
+    cdef inline void _publish(self, uint64_t seq, bint have_seq, int64_t tns, int action, bint safe) noexcept nogil:
+        cdef size_t n = cn_encode_action(self.tx, seq, have_seq, tns, <uint64_t> self.cycles, action, safe)
         if self.z_send(self.pub, self.tx, n, ZMQ_DONTWAIT) < 0:
             self.send_failures += 1
         if safe:
@@ -298,7 +301,7 @@ cdef class RtLoop:
 
     cdef inline void _record(self, int64_t tick, int64_t wake_lat, int64_t t_wake, int64_t t_recv,
                              int64_t t_infer, int64_t t_pub, int64_t period, int64_t age, uint8_t flags,
-                             int action, int64_t seq) noexcept nogil:
+                             int action, uint64_t seq) noexcept nogil:
         cdef int64_t i = self.cycles % self.capacity
         self.r_cycle[i] = self.cycles
         self.r_tick[i] = tick
@@ -352,7 +355,8 @@ cdef class RtLoop:
 
     cdef void _run_timer_clock(self) noexcept nogil:
         cdef int64_t k = 0, tick, t_wake, t_recv, t_infer, t_pub, prev_wake = 0, now, k_next
-        cdef int64_t seq = -1, tns = -1, last_seq = -1, last_rx = 0, wake_lat, period
+        cdef int64_t tns = -1, last_rx = 0, wake_lat, period
+        cdef uint64_t seq = 0
         cdef bint have_seq = False, last_safe = True, stale_state = True
         cdef int last_action = -1, got, action
         cdef uint8_t flags
@@ -374,17 +378,19 @@ cdef class RtLoop:
             period = t_wake - prev_wake if prev_wake else self.period_ns
             prev_wake = t_wake
             flags = 0
-            got = self._drain(&seq, &tns, &last_seq, &have_seq, stale_state)
+            got = self._drain(&seq, &tns, &have_seq, stale_state)
             if got & 2:
                 flags |= FLAG_REJECTED
             t_recv = now_ns()
             action = self._decide(got, t_wake, &last_rx, &last_action, &last_safe, &stale_state, &flags)
             t_infer = now_ns()
-            self._publish(seq, tns, action, flags & FLAG_SAFE)
+            self._publish(seq, have_seq, tns, action, flags & FLAG_SAFE)
             t_pub = now_ns()
             if t_pub - tick > self.deadline_ns:
                 self.deadline_misses += 1
                 flags |= FLAG_MISS
+            if not have_seq:
+                flags |= FLAG_NO_FRAME_YET
             self._record(tick, wake_lat, t_wake, t_recv, t_infer, t_pub, period,
                          # input age only where the policy acted on a frame (not for safe actions)
                          (t_wake - tns) if (tns >= 0 and not (flags & FLAG_SAFE)) else -1, flags, action, seq)
@@ -402,7 +408,8 @@ cdef class RtLoop:
         """One cycle per frame arrival; the safe action every stale_after while none comes."""
         cdef zmq_pollitem_t item
         cdef int64_t t_wake, t_recv, t_infer, t_pub, prev_wake = 0, period
-        cdef int64_t seq = -1, tns = -1, last_seq = -1, last_rx = 0
+        cdef int64_t tns = -1, last_rx = 0
+        cdef uint64_t seq = 0
         cdef bint have_seq = False, last_safe = True, stale_state = True
         cdef int last_action = -1, got, action, rc
         cdef long timeout_ms = max(<long> 1, <long> (self.stale_after_ns // 1000000))
@@ -419,7 +426,7 @@ cdef class RtLoop:
             flags = 0
             got = 0
             if rc > 0:
-                got = self._drain(&seq, &tns, &last_seq, &have_seq, stale_state)
+                got = self._drain(&seq, &tns, &have_seq, stale_state)
                 if got & 2:
                     flags |= FLAG_REJECTED
             if not (got & 1) and last_rx != 0 and t_wake - last_rx <= self.stale_after_ns:
@@ -429,11 +436,13 @@ cdef class RtLoop:
             t_recv = now_ns()
             action = self._decide(got, t_wake, &last_rx, &last_action, &last_safe, &stale_state, &flags)
             t_infer = now_ns()
-            self._publish(seq, tns, action, flags & FLAG_SAFE)
+            self._publish(seq, have_seq, tns, action, flags & FLAG_SAFE)
             t_pub = now_ns()
             if t_pub - t_wake > self.deadline_ns:
                 self.deadline_misses += 1
                 flags |= FLAG_MISS
+            if not have_seq:
+                flags |= FLAG_NO_FRAME_YET
             self._record(t_wake, -1, t_wake, t_recv, t_infer, t_pub, period,
                          (t_wake - tns) if (got & 1) else -1, flags, action, seq)
 
@@ -456,8 +465,9 @@ def decode_frame(bytes frame, int n_features):
     return "ok", seq, tns, x
 
 
-def encode_action(int64_t seq, int64_t t_ns, uint64_t cycle, int action, bint safe):
-    """The loop's action encoder, for tests: returns the msgpack bytes it would publish."""
+def encode_action(seq, int64_t t_ns, uint64_t cycle, int action, bint safe):
+    """The loop's action encoder, for tests: the msgpack bytes it would publish (seq -1: no frame yet)."""
     cdef uint8_t out[96]
-    cdef size_t n = cn_encode_action(out, seq, t_ns, cycle, action, safe)
+    cdef bint have = seq >= 0
+    cdef size_t n = cn_encode_action(out, <uint64_t> (seq if have else 0), have, t_ns, cycle, action, safe)
     return out[:n]

@@ -240,12 +240,15 @@ static inline uint8_t *cn_put_be64(uint8_t *p, uint64_t v) {
 
 #define CN_ACTION_BYTES 65
 
-/* Encode an action map (fixed layout, CN_ACTION_BYTES long). */
-static size_t cn_encode_action(uint8_t *out, int64_t seq, int64_t t_ns, uint64_t cycle, int action, int safe) {
+/* Encode an action map (fixed layout, CN_ACTION_BYTES long). seq is the answered frame's
+ * uint64 seq, or -1 (int64) when no frame has been accepted yet. */
+static size_t cn_encode_action(uint8_t *out, uint64_t seq, int have_seq, int64_t t_ns, uint64_t cycle,
+                               int action, int safe) {
     uint8_t *p = out;
     *p++ = 0x85;
     *p++ = 0xa3; memcpy(p, "seq", 3); p += 3;
-    *p++ = 0xd3; p = cn_put_be64(p, (uint64_t)seq);
+    if (have_seq) { *p++ = 0xcf; p = cn_put_be64(p, seq); }
+    else { *p++ = 0xd3; p = cn_put_be64(p, (uint64_t)(int64_t)-1); }
     *p++ = 0xa4; memcpy(p, "t_ns", 4); p += 4;
     *p++ = 0xd3; p = cn_put_be64(p, (uint64_t)t_ns);
     *p++ = 0xa5; memcpy(p, "cycle", 5); p += 5;

@@ -99,7 +99,7 @@ class Diagnostics(threading.Thread):
                 os.sched_setaffinity(0, others)
             except OSError:
                 pass
-        last_cycles, last_t, last_misses, last_log = 0, time.monotonic(), 0, 0.0
+        self._last = {"cycles": 0, "t": time.monotonic(), "misses": 0, "log": 0.0, "error_log": 0.0}
         while not self.finished.is_set():
             readable, _, _ = select.select([self.signal_fd], [], [], self.interval)
             if readable:
@@ -108,39 +108,47 @@ class Diagnostics(threading.Thread):
                         self.signal_received = signal.Signals(signo).name
                         self.loop.request_stop()
                 continue
-            loop = self.loop
-            cycles = loop.cycles
-            now = time.monotonic()
-            if cycles > 0 and not self.ready_printed.is_set():
-                eps = self.endpoints
-                print(f"ready sensor={eps['sensor']} action={eps['action']} diagnostics={eps['diagnostics']}",
-                      flush=True)
-                self.ready_printed.set()
-            if cycles > last_cycles + 1:
-                window = self._window(last_cycles, cycles - 1)   # the newest record may be mid-write
-            else:
-                window = {}
-            rate = (cycles - last_cycles) / (now - last_t) if now > last_t else 0.0
-            msg = {
-                "t_ns": time.monotonic_ns(), "cycles": cycles, "rate_hz": rate,
-                "deadline_misses": loop.deadline_misses, "stale_cycles": loop.stale_cycles,
-                "safe_actions": loop.safe_actions, "superseded": loop.superseded,
-                "frames_valid": loop.frames_valid, "rejected": loop.rejected_counts(),
-                "window": window, "rt": self.rt_ref.get("rt", {}),
-                # whole run so far, from the loop's streaming histograms (bucket lower bounds)
-                "run": {"wake_latency_ns": stats.describe_hist(loop.histograms[0]),
-                        "cycle_time_ns": stats.describe_hist(loop.histograms[1])},
-            }
             try:
-                self.sock.send(self.packer.pack(msg), flags=1)   # NOBLOCK: a slow monitor loses snapshots
-            except Exception:
-                pass
-            misses = loop.deadline_misses
-            if misses > last_misses and now - last_log >= 1.0:
-                print(f"[node] {misses - last_misses} deadline misses since last report "
-                      f"(total {misses}, {cycles} cycles)", file=sys.stderr, flush=True)
-                last_log, last_misses = now, misses
-            last_cycles, last_t = cycles, now
+                self._snapshot()
+            except Exception as e:      # a diagnostics bug must never take signal handling down with it
+                now = time.monotonic()
+                if now - self._last["error_log"] >= 10.0:
+                    print(f"[node] diagnostics error (the loop is unaffected): {e!r}", file=sys.stderr, flush=True)
+                    self._last["error_log"] = now
+
+    def _snapshot(self):
+        """Print `ready` once, publish one diagnostics message, log misses (at most once a second)."""
+        loop, last = self.loop, self._last
+        cycles = loop.cycles
+        now = time.monotonic()
+        if cycles > 0 and not self.ready_printed.is_set():
+            eps = self.endpoints
+            print(f"ready sensor={eps['sensor']} action={eps['action']} diagnostics={eps['diagnostics']}",
+                  flush=True)
+            self.ready_printed.set()
+        # the newest record may be mid-write: stop one short of it
+        window = self._window(last["cycles"], cycles - 1) if cycles > last["cycles"] + 1 else {}
+        rate = (cycles - last["cycles"]) / (now - last["t"]) if now > last["t"] else 0.0
+        msg = {
+            "t_ns": time.monotonic_ns(), "cycles": cycles, "rate_hz": rate,
+            "deadline_misses": loop.deadline_misses, "stale_cycles": loop.stale_cycles,
+            "safe_actions": loop.safe_actions, "superseded": loop.superseded,
+            "frames_valid": loop.frames_valid, "rejected": loop.rejected_counts(),
+            "window": window, "rt": self.rt_ref.get("rt", {}),
+            # whole run so far, from the loop's streaming histograms (bucket lower bounds)
+            "run": {"wake_latency_ns": stats.describe_hist(loop.histograms[0]),
+                    "cycle_time_ns": stats.describe_hist(loop.histograms[1])},
+        }
+        try:
+            self.sock.send(self.packer.pack(msg), flags=1)   # NOBLOCK: a slow monitor loses snapshots
+        except Exception:
+            pass
+        misses = loop.deadline_misses
+        if misses > last["misses"] and now - last["log"] >= 1.0:
+            print(f"[node] {misses - last['misses']} deadline misses since last report "
+                  f"(total {misses}, {cycles} cycles)", file=sys.stderr, flush=True)
+            last["log"], last["misses"] = now, misses
+        last["cycles"], last["t"] = cycles, now
 
 
 class Node:

@@ -33,8 +33,10 @@ def hist_lower_bounds(n_buckets: int) -> np.ndarray:
 
 
 def describe_hist(counts) -> dict:
-    """Same fields as :func:`describe`, from a streaming histogram (bucket lower bounds, <= 0.8% low)."""
-    counts = np.asarray(counts, dtype=np.int64)
+    """Same fields as :func:`describe`, from a streaming histogram (bucket lower bounds, <= 0.8% low).
+
+    Works on a copy: the running loop may be writing the histogram meanwhile."""
+    counts = np.array(counts, dtype=np.int64, copy=True)
     total = int(counts.sum())
     if total == 0:
         return {**{k: None for k in PCTS}, "max": None, "mean": None, "count": 0}
