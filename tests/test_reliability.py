@@ -67,44 +67,56 @@ def finish(p, sig=signal.SIGINT, timeout=15):
 
 
 # ---------------------------------------------------------------- a node bug, in process
-@pytest.mark.xfail(strict=True, reason="BUG: stats.describe_hist() calls np.flatnonzero on the live histogram "
-                   "the nogil loop is writing; when a bucket goes 0 -> 1 meanwhile numpy raises RuntimeError "
-                   "('number of non-zero array elements changed'), which kills the node's diagnostics thread "
-                   "(no try around it in Diagnostics.run): no more diagnostics, and SIGTERM/SIGINT (delivered "
-                   "through that thread) are ignored from then on")
-def test_describe_hist_survives_live_histogram(tmp_path, iris_model_path):
+@pytest.mark.xfail(strict=True, reason="BUG: Diagnostics.run has no try around a snapshot: one exception kills "
+                   "the diagnostics thread, and with it SIGTERM/SIGINT handling (signals reach the loop only "
+                   "through that thread), so the node no longer stops on SIGTERM. Seen for real: "
+                   "stats.describe_hist() runs np.flatnonzero on the live histogram the nogil loop writes; a "
+                   "bucket going 0 -> 1 meanwhile makes numpy raise RuntimeError('number of non-zero array "
+                   "elements changed during function execution.'): a node under CPU contention then ignored "
+                   "SIGTERM (tests/nodeutil.py stop_node recognises this and xfails the calling test)")
+def test_diagnostics_error_does_not_disable_sigterm(monkeypatch):
+    from control_node import node as node_mod
     from control_node import stats
-    from control_node._rtloop import RtLoop
-    from control_node.transport import libzmq_functions
-    pol = Policy.load(iris_model_path)
-    ctx = zmq.Context()
-    sub, pub = ctx.socket(zmq.SUB), ctx.socket(zmq.PUB)
-    sub.setsockopt(zmq.SUBSCRIBE, b"")
-    sub.bind(f"ipc://{tmp_path}/s")
-    pub.bind(f"ipc://{tmp_path}/a")
-    loop = RtLoop(pol, sub.underlying, pub.underlying, libzmq_functions(), period_ns=20_000, deadline_ns=20_000,
-                  stale_after_ns=10**9, spin_ns=20_000, max_cycles=0, sensor_clock=False, catch_up_skip=True,
-                  safe_action=0, hold_last=False, max_frame_bytes=4096, ring_cycles=1000)
-    th = threading.Thread(target=loop.run)          # the loop releases the GIL, as in the node
-    th.start()
-    errors = []
+
+    class FakeLoop:
+        cycles, capacity = 10, 16
+        deadline_misses = stale_cycles = safe_actions = superseded = frames_valid = 0
+        ring = {k: np.zeros(16, np.int64) for k in ("wake_latency_ns", "cycle_time_ns", "input_age_ns")}
+        histograms = np.zeros((2, 8), np.int64)
+        stopped = threading.Event()
+
+        def rejected_counts(self):
+            return {}
+
+        def request_stop(self):
+            self.stopped.set()
+
+    calls = []
+
+    def racy_describe_hist(counts):            # what np.flatnonzero raises when the loop writes meanwhile
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("number of non-zero array elements changed during function execution.")
+        return {}
+
+    monkeypatch.setattr(stats, "describe_hist", racy_describe_hist)
+    sock = zmq.Context.instance().socket(zmq.PUB)
+    r, w = os.pipe()
+    loop = FakeLoop()
+    diag = node_mod.Diagnostics(loop, sock, {}, {"sensor": "s", "action": "a", "diagnostics": "d"}, 50.0, None, r)
     try:
-        end = time.monotonic() + 3.0
-        while time.monotonic() < end and len(errors) < 3:
-            # fresh buckets, as a run sees whenever a new latency range is reached
-            loop.histograms[:] = 0
-            for row in loop.histograms:
-                try:
-                    stats.describe_hist(row)          # what Diagnostics.run does ~10 times a second
-                except RuntimeError as e:
-                    errors.append(str(e))
+        diag.start()
+        time.sleep(0.3)                          # a few snapshots: the first one hits the race
+        os.write(w, bytes([signal.SIGTERM]))     # what the C-level handler writes on SIGTERM
+        stopped = loop.stopped.wait(2.0)
     finally:
-        loop.request_stop()
-        th.join(10)
-        sub.close(0)
-        pub.close(0)
-        ctx.term()
-    assert errors == []
+        diag.finished.set()
+        diag.join(2)
+        os.close(r)
+        os.close(w)
+        sock.close(0)
+    assert calls, "describe_hist was never called"
+    assert stopped, "SIGTERM no longer reaches the loop after one failed diagnostics snapshot"
 
 
 # ---------------------------------------------------------------- faults
