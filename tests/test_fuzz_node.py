@@ -442,9 +442,9 @@ def test_seq_increasing_below_2_63_accepted_repeats_rejected(tmp_path, iris_mode
     assert summary["rejected"]["seq_not_increasing"] == 2
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: seq is uint64 on the wire but the loop compares it as int64 "
-                   "(_rtloop.pyx _drain: <int64_t> seq <= last_seq): seq 2**63 right after 2**63-1 is "
-                   "rejected as seq_not_increasing (so is every seq >= 2**63 after a small one)")
+# regression test, was a strict xfail until 8187681 fixed the node: BUG: seq is uint64 on the wire but the
+#   loop compares it as int64 (_rtloop.pyx _drain: <int64_t> seq <= last_seq): seq 2**63 right after 2**63-1
+#   is rejected as seq_not_increasing (so is every seq >= 2**63 after a small one)
 def test_seq_2_63_after_2_63_minus_1_accepted(tmp_path, iris_model_path, policy):
     seqs = [2**63 - 1, 2**63, 2**63 + 1]
     got, summary = _lockstep_seqs(tmp_path, iris_model_path, policy, seqs, trip_first=True)
@@ -453,8 +453,8 @@ def test_seq_2_63_after_2_63_minus_1_accepted(tmp_path, iris_model_path, policy)
         assert any(a["seq"] == s and not a["safe"] for a in g), (s, [a["seq"] for a in g])
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: the action echoes seq as msgpack int64 (frame_codec.h "
-                   "cn_encode_action 0xd3): a frame with seq 2**64-2 is answered with seq -2")
+# regression test, was a strict xfail until 8187681 fixed the node: BUG: the action echoes seq as msgpack
+#   int64 (frame_codec.h cn_encode_action 0xd3): a frame with seq 2**64-2 is answered with seq -2
 def test_seq_above_2_63_echoed_unchanged(tmp_path, iris_model_path, policy):
     got, summary = _lockstep_seqs(tmp_path, iris_model_path, policy, [2**64 - 2], trip_first=True)
     answers = [a for a in got[0] if not a["safe"]]
@@ -462,9 +462,9 @@ def test_seq_above_2_63_echoed_unchanged(tmp_path, iris_model_path, policy):
     assert answers[0]["seq"] == 2**64 - 2, answers[0]
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: after seq 2**64-1 (int64 -1) a wrapped seq 0 compares as "
-                   "larger and is accepted while the watchdog has not tripped; protocol.md: seq strictly "
-                   "increasing, only a tripped watchdog lets a sender start again from 0")
+# regression test, was a strict xfail until 8187681 fixed the node: BUG: after seq 2**64-1 (int64 -1) a
+#   wrapped seq 0 compares as larger and is accepted while the watchdog has not tripped; protocol.md: seq
+#   strictly increasing, only a tripped watchdog lets a sender start again from 0
 def test_seq_wrap_to_zero_rejected_while_fresh(tmp_path, iris_model_path, policy):
     seqs = [2**64 - 2, 2**64 - 1, 0, 1]
     got, summary = _lockstep_seqs(tmp_path, iris_model_path, policy, seqs, trip_first=True)

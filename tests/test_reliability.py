@@ -67,13 +67,13 @@ def finish(p, sig=signal.SIGINT, timeout=15):
 
 
 # ---------------------------------------------------------------- a node bug, in process
-@pytest.mark.xfail(strict=True, reason="BUG: Diagnostics.run has no try around a snapshot: one exception kills "
-                   "the diagnostics thread, and with it SIGTERM/SIGINT handling (signals reach the loop only "
-                   "through that thread), so the node no longer stops on SIGTERM. Seen for real: "
-                   "stats.describe_hist() runs np.flatnonzero on the live histogram the nogil loop writes; a "
-                   "bucket going 0 -> 1 meanwhile makes numpy raise RuntimeError('number of non-zero array "
-                   "elements changed during function execution.'): a node under CPU contention then ignored "
-                   "SIGTERM (tests/nodeutil.py stop_node recognises this and xfails the calling test)")
+# regression test, was a strict xfail until 8187681 fixed the node: BUG: Diagnostics.run has no try around a
+#   snapshot: one exception kills the diagnostics thread, and with it SIGTERM/SIGINT handling (signals reach
+#   the loop only through that thread), so the node no longer stops on SIGTERM. Seen for real:
+#   stats.describe_hist() runs np.flatnonzero on the live histogram the nogil loop writes; a bucket going 0 ->
+#   1 meanwhile makes numpy raise RuntimeError('number of non-zero array elements changed during function
+#   execution.'): a node under CPU contention then ignored SIGTERM (tests/nodeutil.py stop_node recognises
+#   this and xfails the calling test)
 def test_diagnostics_error_does_not_disable_sigterm(monkeypatch):
     from control_node import node as node_mod
     from control_node import stats
