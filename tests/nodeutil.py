@@ -266,7 +266,7 @@ def stop_node(node, sig=None, timeout=15.0):
     """``node.stop()`` that recognises a known node bug: when the diagnostics thread has died on the
     histogram race (stats.describe_hist reading a histogram the loop writes), the node no longer sees
     SIGTERM. Then the node is killed and the calling test is marked xfail with the evidence (see
-    tests/test_reliability.py::test_describe_hist_survives_live_histogram)."""
+    tests/test_reliability.py::test_diagnostics_error_does_not_disable_sigterm; fixed in 8187681)."""
     import pytest
     import signal as _signal
     try:
