@@ -67,7 +67,8 @@ class Child:
         for line in self.proc.stdout:
             line = line.rstrip("\n")
             self.last_lines = (self.last_lines + [line])[-20:]
-            say(line, self.name)
+            own = f"[{self.name}] "       # children that prefix their own lines: don't say it twice
+            say(line[len(own):] if line.startswith(own) else line, self.name)
             if self.ready_prefix and line.startswith(self.ready_prefix):
                 self.ready.set()
 
