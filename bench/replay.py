@@ -1,9 +1,9 @@
 """bench replay: lockstep replay throughput through the node vs a bare pyzmq msgpack echo, in one run.
 
 Both peers are driven by the same client (sim.engine.ClosedLoop, lockstep: send frame i, wait for its
-answer, send the next) over ipc. The echo is a second process with the node's socket layout (binding
-SUB for frames, binding PUB for answers) that unpacks each frame and packs an action map, no policy:
-the floor of a Python client <-> peer round trip. Holds /tmp/control-node-bench.lock while measuring.
+answer, send the next) over ipc. The echo is bench/peers/echo.py, the same one `bench loop` uses: the
+node's socket layout (binding SUB for frames, binding PUB for answers) and its real-time set-up, unpacking
+each frame and packing an action map, no policy: the floor of a Python client <-> peer round trip. Holds /tmp/control-node-bench.lock while measuring.
 """
 from __future__ import annotations
 
@@ -14,23 +14,6 @@ import shutil
 import subprocess
 import sys
 import time
-
-ECHO = r"""
-import sys, msgpack, zmq
-ctx = zmq.Context.instance()
-s = ctx.socket(zmq.SUB); s.setsockopt(zmq.SUBSCRIBE, b""); s.setsockopt(zmq.LINGER, 0); s.bind(sys.argv[1])
-p = ctx.socket(zmq.PUB); p.setsockopt(zmq.LINGER, 0); p.bind(sys.argv[2])
-print("ready", flush=True)
-cycle = 0
-try:
-    while True:
-        d = msgpack.unpackb(s.recv())
-        p.send(msgpack.packb({"seq": d["seq"], "t_ns": d["t_ns"], "cycle": cycle, "action": 0, "safe": False}))
-        cycle += 1
-except KeyboardInterrupt:
-    pass
-"""
-
 
 def _measure(eps, frames):
     from sim.engine import ClosedLoop, percentiles
@@ -72,8 +55,8 @@ def main(argv=None) -> int:
             results["node"] = _measure(eps, a.frames)
         finally:
             node.stop()
-        echo = subprocess.Popen([sys.executable, "-c", ECHO, eps["sensor"], eps["action"]], cwd=ROOT,
-                                env=child_env(), stdout=subprocess.PIPE, text=True)
+        echo = subprocess.Popen([sys.executable, "-m", "bench.peers.echo", eps["sensor"], eps["action"], "3600",
+                                 "--rt"], cwd=ROOT, env=child_env(), stdout=subprocess.PIPE, text=True)
         try:
             assert echo.stdout.readline().startswith("ready")
             results["echo"] = _measure(eps, a.frames)
