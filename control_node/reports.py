@@ -297,25 +297,26 @@ def worst_events(node: NodeRun, n: int = 10) -> dict:
 def verdict(node: NodeRun, stats: dict) -> dict:
     s = node.summary
     budget = s.get("budget") or {}
-    checks, ok = [], True
+    checks = []        # (text, within budget)
     wl = stats["wake_latency_ns"]["p99"]
     b = budget.get("wake_latency_p99_ns")
     if b is not None and wl is not None:
         good = wl <= b
-        ok &= good
-        checks.append(f"wake-up p99 {fmt_us(wl)} {'<=' if good else '>'} budget {fmt_us(b)}")
+        checks.append((f"wake-up p99 {fmt_us(wl)} {'within' if good else 'over'} budget {fmt_us(b)}", good))
     ct = stats["cycle_time_ns"]["max"]
     b = budget.get("cycle_time_max_ns")
     if b is not None and ct is not None:
         good = ct <= b
-        ok &= good
-        checks.append(f"worst cycle time {fmt_us(ct)} {'<=' if good else '>'} budget {fmt_us(b)}")
+        checks.append((f"worst cycle time {fmt_us(ct)} {'within' if good else 'over'} budget {fmt_us(b)}", good))
     misses = int(s.get("deadline_misses") or 0)
-    ok &= misses == 0
-    checks.append(f"{misses} deadline miss{'es' if misses != 1 else ''}")
+    checks.append((f"{misses} deadline miss{'es' if misses != 1 else ''}", misses == 0))
     if not budget:
-        checks.append("no budget in summary.json")
-    return {"ok": bool(ok), "text": ("PASS: " if ok else "FAIL: ") + "; ".join(checks)}
+        checks.append(("no budget in summary.json", True))
+    failed = [t for t, good in checks if not good]
+    passed = [t for t, good in checks if good]
+    text = ("FAIL: " + "; ".join(failed) + (" (ok: " + "; ".join(passed) + ")" if passed else "")
+            if failed else "PASS: " + "; ".join(passed))
+    return {"ok": not failed, "text": text}
 
 
 def fmt_us(ns) -> str:
