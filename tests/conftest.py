@@ -38,3 +38,18 @@ def iris_model_path(iris_spec, tmp_path_factory):
     path = tmp_path_factory.mktemp("models") / "iris.npz"
     export_verified(iris_spec, path)
     return path
+
+
+@pytest.fixture(scope="session")
+def policy(iris_model_path):
+    """The compiled policy for :func:`iris_model_path`."""
+    from kernels import Policy
+    return Policy.load(iris_model_path)
+
+
+@pytest.fixture(autouse=True)
+def _reap_nodes():
+    """A failed test must not leave a SCHED_FIFO node spinning on the loop core."""
+    yield
+    from nodeutil import reap_nodes
+    reap_nodes()

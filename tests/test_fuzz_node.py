@@ -18,23 +18,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from control_node._rtloop import FLAGS, decode_frame
-from kernels import Policy
-from nodeutil import ActionCollector, Robot, load_run, reap_nodes, start_node, stop_node
+from nodeutil import ActionCollector, Robot, load_run, start_node, stop_node
 
 N_FEATURES = 4
 MAX_FRAME = 4096
 QUIET = "[watchdog]\nstale_after_ms = 2000.0\n"       # the watchdog never trips between lockstep frames
-
-
-@pytest.fixture(autouse=True)
-def _reap():
-    yield
-    reap_nodes()
-
-
-@pytest.fixture(scope="module")
-def policy(iris_model_path):
-    return Policy.load(iris_model_path)
 
 
 def predict(policy, x):
@@ -356,7 +344,6 @@ def test_interleaved_at_khz_rates_keeps_rate_and_counts(tmp_path, iris_model_pat
         valid.update({s: predict(policy, X[0]) for s in range(1, robot.seq + 1)})
         n_connect = robot.seq
         seq = 10**7
-        last_valid = robot.seq
         frames = []                                   # (is_valid, payload)
         k = 0
         for rep in range(max(1, int(rate / 50))):          # ~2.5 s of frames

@@ -2,10 +2,8 @@
 from __future__ import annotations
 
 import gc
-import math
 import subprocess
 import sys
-import time
 import tracemalloc
 
 import msgpack

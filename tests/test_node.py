@@ -12,19 +12,11 @@ import msgpack
 import numpy as np
 import pytest
 
-from kernels import Policy
-from nodeutil import ROOT, NodeProcess, Robot, write_config
-
-
-@pytest.fixture(scope="module")
-def policy(iris_model_path):
-    return Policy.load(iris_model_path)
+from nodeutil import ROOT, Robot, start_node, write_config
 
 
 def start(tmp_path, model, transport="ipc", extra="", args=()):
-    cfg = tmp_path / "node.toml"
-    write_config(cfg, tmp_path, transport, extra)
-    return NodeProcess(cfg, model, *args)
+    return start_node(tmp_path, model, extra=extra, args=args, transport=transport)[0]
 
 
 @pytest.mark.parametrize("transport", ["ipc", "tcp"])

@@ -18,28 +18,15 @@ import time
 import msgpack
 import numpy as np
 import psutil
-import pytest
 import zmq
 
 from control_node._rtloop import FLAGS
-from kernels import Policy
-from nodeutil import (ROOT, ActionCollector, Robot, cli_popen, load_run, reap_nodes, start_flood, start_hog,
+from nodeutil import (ROOT, ActionCollector, Robot, cli_popen, load_run, start_flood, start_hog,
                       start_node, stop_node)
 
 MISS, STALE, SAFE, NEW = FLAGS["miss"], FLAGS["stale"], FLAGS["safe"], FLAGS["new_frame"]
 PERIOD_NS = 1_000_000
 STALE_NS = 5_000_000
-
-
-@pytest.fixture(autouse=True)
-def _reap():
-    yield
-    reap_nodes()
-
-
-@pytest.fixture(scope="module")
-def policy(iris_model_path):
-    return Policy.load(iris_model_path)
 
 
 def wait_for(pred, timeout=10.0, step=0.02):
