@@ -1,4 +1,4 @@
-"""Test helpers: unique ipc endpoints, a node config, and starting the node (or the stand-in)."""
+"""Test and benchmark helpers: unique ipc endpoints, a node config, and starting the real node."""
 from __future__ import annotations
 
 import os
@@ -10,16 +10,9 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def use_standin() -> bool:
-    return os.environ.get("CONTROL_NODE_STANDIN") == "1"
-
-
 def node_command(config, model, run_dir, extra=()):
-    if use_standin():
-        base = [sys.executable, "-m", "sim.standin_node"]
-    else:
-        base = [sys.executable, "-m", "control_node", "run"]
-    return base + ["--config", str(config), "--model", str(model), "--run-dir", str(run_dir), *extra]
+    return [sys.executable, "-m", "control_node", "run", "--config", str(config), "--model", str(model),
+            "--run-dir", str(run_dir), *extra]
 
 
 def make_endpoint_dir():

@@ -1,7 +1,4 @@
-"""Simulator against the real node (`control-node run`), real processes and ipc sockets.
-
-Set CONTROL_NODE_STANDIN=1 to run against sim/standin_node.py instead (development only).
-"""
+"""Simulator against the real node (`control-node run`), real processes and ipc sockets."""
 import json
 import os
 import subprocess
