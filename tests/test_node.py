@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import shutil
 import subprocess
 import sys
 import time
@@ -220,3 +221,21 @@ def test_bad_model_fails_naming_the_field(tmp_path, iris_model_path):
     assert r.returncode == 2 and "field 'scale'" in r.stderr and "Traceback" not in r.stderr
     r = _run_cli("run", "--config", cfg, "--model", tmp_path / "missing.npz", "--duration", "1")
     assert r.returncode == 2 and "control-node train" in r.stderr
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv") or not shutil.which("prlimit"),
+                    reason="needs root with setpriv and prlimit (util-linux) to take privileges away")
+def test_runs_degraded_without_rt_privileges_and_says_so(tmp_path, iris_model_path):
+    """Without CAP_SYS_NICE and with a tiny RLIMIT_MEMLOCK the node still runs and reports what it lacked."""
+    cfg = tmp_path / "n.toml"
+    write_config(cfg, tmp_path)
+    r = subprocess.run(["setpriv", "--bounding-set=-sys_nice,-ipc_lock", "--inh-caps=-sys_nice,-ipc_lock",
+                        "prlimit", "--memlock=65536", sys.executable, "-m", "control_node", "run", "--config", cfg,
+                        "--model", iris_model_path, "--duration", "0.5", "--run-dir", tmp_path / "run"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "sched=no" in r.stderr and "mlock=no" in r.stderr     # the start-up line says it
+    rt = json.load(open(tmp_path / "run" / "summary.json"))["rt"]
+    assert rt["sched"]["granted"] is False and "Operation not permitted" in rt["sched"]["detail"]
+    assert rt["mlock"]["granted"] is False and "RLIMIT_MEMLOCK" in rt["mlock"]["detail"]
+    assert rt["cpu"]["granted"] is True
