@@ -16,6 +16,7 @@ cdef extern from "mlp_core.h" nogil:
         int dims[MLP_MAX_LAYERS + 1]
         int pdims[MLP_MAX_LAYERS + 1]
         int dot_form[MLP_MAX_LAYERS]
+        int specialised
         const double *mean
         const double *scale
         const double *W[MLP_MAX_LAYERS]
@@ -27,6 +28,7 @@ cdef extern from "mlp_core.h" nogil:
         int dims[MLP_MAX_LAYERS + 1]
         int pdims[MLP_MAX_LAYERS + 1]
         int dot_form[MLP_MAX_LAYERS]
+        int specialised
         const double *mean
         const double *scale
         const float *W[MLP_MAX_LAYERS]

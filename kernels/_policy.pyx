@@ -80,9 +80,9 @@ cdef class Policy:
             if dot:
                 Wp = _aligned_zeros(n_out * _pad(n_in, lanes), dtype)
                 Wp.reshape(n_out, _pad(n_in, lanes))[:, :n_in] = W.T
-            else:
-                Wp = _aligned_zeros(n_in * _pad(n_out, lanes), dtype)
-                Wp.reshape(n_in, _pad(n_out, lanes))[:, :n_out] = W
+            else:   # rows padded too (zero rows): the small kernels run over whole padded widths
+                Wp = _aligned_zeros(_pad(n_in, lanes) * _pad(n_out, lanes), dtype)
+                Wp.reshape(_pad(n_in, lanes), _pad(n_out, lanes))[:n_in, :n_out] = W
             bp = _aligned_zeros(_pad(n_out, lanes), dtype)
             bp[:n_out] = b
             arrays += [Wp, bp]
@@ -105,15 +105,15 @@ cdef class Policy:
                 self._m64.pdims[l] = _pad(dims[l], lanes)
                 self._m64.act[l] = <double *> cnp.PyArray_DATA(act)
         if self._is_f32:
-            mlp_f32_init(&self._m32)
             self._m32.n_layers = n_layers
             self._m32.mean = <const double *> cnp.PyArray_DATA(mean)
             self._m32.scale = <const double *> cnp.PyArray_DATA(scale)
+            mlp_f32_init(&self._m32)        # picks ISA and, for small shapes, a specialised kernel
         else:
-            mlp_f64_init(&self._m64)
             self._m64.n_layers = n_layers
             self._m64.mean = <const double *> cnp.PyArray_DATA(mean)
             self._m64.scale = <const double *> cnp.PyArray_DATA(scale)
+            mlp_f64_init(&self._m64)
         self._arrays = (arrays, acts[n_layers][:self.n_classes])
         self._bound = None
         self._bound_ptr = NULL
@@ -255,6 +255,11 @@ cdef class Policy:
         return self.spec.sha256
 
     @property
+    def kernel(self):
+        """'specialised' when a small-shape kernel with compile-time widths runs, else 'generic'."""
+        return "specialised" if (self._m32.specialised if self._is_f32 else self._m64.specialised) else "generic"
+
+    @property
     def layout(self):
         """Per dense layer, 'dot' or 'axpy': how the kernel stores its weights."""
         cdef int l
@@ -267,4 +272,4 @@ cdef class Policy:
 
     def __repr__(self):
         sizes = " -> ".join(str(d) for d in [self.n_features] + [W.shape[1] for W, _ in self.spec.layers])
-        return f"Policy({sizes}, {self.spec.dtype}, sha256={self.spec.sha256[:12]})"
+        return f"Policy({sizes}, {self.spec.dtype}, {self.kernel} kernel, sha256={self.spec.sha256[:12]})"

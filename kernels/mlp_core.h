@@ -28,6 +28,8 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
 #define MLP_MAX_LAYERS 16
 #define MLP_BLOCK_BYTES 64   /* padding and alignment of every row */
@@ -83,6 +85,7 @@ struct NAME##_s {                                                               
     const T *W[MLP_MAX_LAYERS];                                                       \
     const T *b[MLP_MAX_LAYERS];                                                       \
     T *act[MLP_MAX_LAYERS + 1];                                                       \
+    int specialised;                      /* 1: a small-shape kernel was chosen */    \
     int (*forward)(NAME *, const double *);     /* chosen by NAME##_init */          \
     void (*forward_batch)(NAME *, const double *, ptrdiff_t, ptrdiff_t, int64_t *);   \
     int64_t (*chain)(NAME *, const double *, ptrdiff_t, ptrdiff_t, ptrdiff_t);        \
@@ -178,7 +181,7 @@ static int64_t NAME##_chain##SFX(NAME *m, const double *X, ptrdiff_t n_rows,    
     int64_t sum = 0;                                                                  \
     ptrdiff_t row = 0;                                                                \
     for (ptrdiff_t k = 0; k < iters; k++) {                                           \
-        int a = NAME##SFX##_forward_inline(m, X + row * row_stride);                       \
+        int a = m->forward(m, X + row * row_stride);   /* what the node calls */       \
         sum += a;                                                                     \
         row += 1 + a;                                                                 \
         if (row >= n_rows) row -= n_rows;                                             \
@@ -186,8 +189,101 @@ static int64_t NAME##_chain##SFX(NAME *m, const double *X, ptrdiff_t n_rows,    
     return sum;                                                                       \
 }
 
-/* 32-byte vectors: native on AVX2, two per register pair on SSE2; the AVX-512 clone
- * uses them as ymm, which Zen 4 runs at the same rate as zmm. */
+
+/* Small one-hidden-layer policies (the common case: n_features <= 8, hidden <= 32, few classes)
+ * get kernels with every width fixed at compile time, so the hidden activations stay in
+ * registers and no loop or dispatch code runs between the arithmetic. Chosen at load time
+ * when the shape fits (see mlp_*_init); anything else runs the generic kernels above.
+ * P1, P2: padded hidden and output widths; W rows are padded too (zero rows). */
+#define MLP_SMALL(T, VT, VI, NAME, SFX, LANES, NIN, P1, P2)                           \
+MLP_INLINE int NAME##SFX##_s##NIN##_##P1##_inline(NAME *m, const double *x) {        \
+    enum { NBH = P1 / LANES, NBO = P2 / LANES };                                      \
+    const T *restrict W1 = m->W[0], *restrict W2 = m->W[1];                           \
+    VT h[NBH];                                                                        \
+    for (int q = 0; q < NBH; q++) h[q] = ((const VT *)m->b[0])[q];                    \
+    for (int i = 0; i < NIN; i++) {                                                   \
+        const T xi = (T)((x[i] - m->mean[i]) / m->scale[i]);                          \
+        const VT *w = (const VT *)(W1 + i * P1);                                      \
+        for (int q = 0; q < NBH; q++) h[q] += xi * w[q];                              \
+    }                                                                                 \
+    for (int q = 0; q < NBH; q++) h[q] = (VT)((VI)h[q] & ~(VI)(h[q] < 0));            \
+    VT z0[NBO], z1[NBO];                                                              \
+    for (int q = 0; q < NBO; q++) { z0[q] = ((const VT *)m->b[1])[q]; z1[q] = (VT){0}; } \
+    for (int k = 0; k < P1; k += 2) {                                                 \
+        const T a0 = h[k / LANES][k % LANES], a1 = h[(k + 1) / LANES][(k + 1) % LANES]; \
+        const VT *w0 = (const VT *)(W2 + k * P2), *w1 = (const VT *)(W2 + (k + 1) * P2); \
+        for (int q = 0; q < NBO; q++) { z0[q] += a0 * w0[q]; z1[q] += a1 * w1[q]; }    \
+    }                                                                                 \
+    T *restrict z = m->act[2];                       /* logits() reads them here */    \
+    for (int q = 0; q < NBO; q++) ((VT *)z)[q] = z0[q] + z1[q];                       \
+    const int n_out = m->dims[2];                                                     \
+    int best = 0;                                                                     \
+    T best_v = z[0];                                                                  \
+    int finite = (z[0] - z[0]) == 0;                                                  \
+    for (int j = 1; j < n_out; j++) {                                                 \
+        const T v = z[j];                                                             \
+        const int gt = v > best_v;                                                    \
+        finite &= (v - v) == 0;                                                       \
+        best += (j - best) & -gt;                                                     \
+        best_v = gt ? v : best_v;                                                     \
+    }                                                                                 \
+    return finite ? best : -1;                                                        \
+}                                                                                     \
+static int NAME##_forward##SFX##_s##NIN##_##P1(NAME *m, const double *x) {           \
+    return NAME##SFX##_s##NIN##_##P1##_inline(m, x);                                  \
+}                                                                                     \
+static void NAME##_forward_batch##SFX##_s##NIN##_##P1(NAME *m, const double *X,      \
+                                   ptrdiff_t n, ptrdiff_t row_stride, int64_t *out) { \
+    for (ptrdiff_t r = 0; r < n; r++)                                                 \
+        out[r] = NAME##SFX##_s##NIN##_##P1##_inline(m, X + r * row_stride);           \
+}
+
+#define MLP_SMALL_NIN(T, VT, VI, NAME, SFX, LANES, P1, P2)                            \
+    MLP_SMALL(T, VT, VI, NAME, SFX, LANES, 1, P1, P2)                                 \
+    MLP_SMALL(T, VT, VI, NAME, SFX, LANES, 2, P1, P2)                                 \
+    MLP_SMALL(T, VT, VI, NAME, SFX, LANES, 3, P1, P2)                                 \
+    MLP_SMALL(T, VT, VI, NAME, SFX, LANES, 4, P1, P2)                                 \
+    MLP_SMALL(T, VT, VI, NAME, SFX, LANES, 5, P1, P2)                                 \
+    MLP_SMALL(T, VT, VI, NAME, SFX, LANES, 6, P1, P2)                                 \
+    MLP_SMALL(T, VT, VI, NAME, SFX, LANES, 7, P1, P2)                                 \
+    MLP_SMALL(T, VT, VI, NAME, SFX, LANES, 8, P1, P2)
+
+#define MLP_SMALL_CASE(NAME, SFX, NIN, P1)                                            \
+    case NIN: m->forward = NAME##_forward##SFX##_s##NIN##_##P1;                       \
+              m->forward_batch = NAME##_forward_batch##SFX##_s##NIN##_##P1;            \
+              m->specialised = 1; return 1;
+#define MLP_SMALL_SWITCH(NAME, SFX, P1)                                               \
+    switch (m->dims[0]) {                                                             \
+        MLP_SMALL_CASE(NAME, SFX, 1, P1) MLP_SMALL_CASE(NAME, SFX, 2, P1)             \
+        MLP_SMALL_CASE(NAME, SFX, 3, P1) MLP_SMALL_CASE(NAME, SFX, 4, P1)             \
+        MLP_SMALL_CASE(NAME, SFX, 5, P1) MLP_SMALL_CASE(NAME, SFX, 6, P1)             \
+        MLP_SMALL_CASE(NAME, SFX, 7, P1) MLP_SMALL_CASE(NAME, SFX, 8, P1)             \
+        default: return 0;                                                            \
+    }
+
+/* Instances: float64 with hidden padded to 8/16/32 and outputs to 8; float32 with
+ * hidden padded to 16/32 and outputs to 16. Returns 1 when m got a small kernel. */
+#define MLP_SMALL_ALL(VD, VL, VF, VIF, LD, LF, SFX)                                    \
+    MLP_SMALL_NIN(double, VD, VL, mlp_f64, SFX, LD, 8, 8)                             \
+    MLP_SMALL_NIN(double, VD, VL, mlp_f64, SFX, LD, 16, 8)                            \
+    MLP_SMALL_NIN(double, VD, VL, mlp_f64, SFX, LD, 32, 8)                            \
+    MLP_SMALL_NIN(float, VF, VIF, mlp_f32, SFX, LF, 16, 16)                           \
+    MLP_SMALL_NIN(float, VF, VIF, mlp_f32, SFX, LF, 32, 16)                           \
+static int mlp_f64_pick_small##SFX(mlp_f64 *m) {                                      \
+    if (m->pdims[1] == 8) { MLP_SMALL_SWITCH(mlp_f64, SFX, 8) }                       \
+    if (m->pdims[1] == 16) { MLP_SMALL_SWITCH(mlp_f64, SFX, 16) }                     \
+    if (m->pdims[1] == 32) { MLP_SMALL_SWITCH(mlp_f64, SFX, 32) }                     \
+    return 0;                                                                         \
+}                                                                                     \
+static int mlp_f32_pick_small##SFX(mlp_f32 *m) {                                      \
+    if (m->pdims[1] == 16) { MLP_SMALL_SWITCH(mlp_f32, SFX, 16) }                     \
+    if (m->pdims[1] == 32) { MLP_SMALL_SWITCH(mlp_f32, SFX, 32) }                     \
+    return 0;                                                                         \
+}
+
+/* The shape test shared by both dtypes: two axpy layers, <= 8 inputs, outputs in one block. */
+#define MLP_SMALL_FITS(m, BLOCK) ((m)->n_layers == 2 && !(m)->dot_form[0] && !(m)->dot_form[1] \
+                                  && (m)->dims[0] <= 8 && (m)->pdims[2] == (BLOCK))
 
 MLP_STRUCT(double, mlp_f64)
 MLP_STRUCT(float, mlp_f32)
@@ -200,8 +296,9 @@ typedef float mlp_v8f __attribute__((vector_size(32)));
 typedef int32_t mlp_v8i __attribute__((vector_size(32)));
 MLP_KERNELS(double, mlp_v4d, mlp_v4l, mlp_f64, 4, _one)
 MLP_KERNELS(float, mlp_v8f, mlp_v8i, mlp_f32, 8, _one)
-#define MLP_PICK(NAME, m) do { (m)->forward = NAME##_forward_one; (m)->forward_batch = NAME##_forward_batch_one; \
-                               (m)->chain = NAME##_chain_one; } while (0)
+MLP_SMALL_ALL(mlp_v4d, mlp_v4l, mlp_v8f, mlp_v8i, 4, 8, _one)
+#define MLP_PICK(NAME, m, BLOCK) do { (m)->forward = NAME##_forward_one; (m)->forward_batch = NAME##_forward_batch_one; \
+    (m)->chain = NAME##_chain_one; if (MLP_SMALL_FITS(m, BLOCK)) NAME##_pick_small_one(m); } while (0)
 static const char *mlp_isa(void) {
 #if defined(MLP_NATIVE)
     return "native";
@@ -217,6 +314,7 @@ typedef float mlp_v4f __attribute__((vector_size(16)));
 typedef int32_t mlp_v4i __attribute__((vector_size(16)));
 MLP_KERNELS(double, mlp_v2d, mlp_v2l, mlp_f64, 2, _sse2)
 MLP_KERNELS(float, mlp_v4f, mlp_v4i, mlp_f32, 4, _sse2)
+MLP_SMALL_ALL(mlp_v2d, mlp_v2l, mlp_v4f, mlp_v4i, 2, 4, _sse2)
 
 #pragma GCC push_options
 #pragma GCC target("arch=x86-64-v3")
@@ -226,24 +324,30 @@ typedef float mlp_v8f __attribute__((vector_size(32)));
 typedef int32_t mlp_v8i __attribute__((vector_size(32)));
 MLP_KERNELS(double, mlp_v4d, mlp_v4l, mlp_f64, 4, _avx2)
 MLP_KERNELS(float, mlp_v8f, mlp_v8i, mlp_f32, 8, _avx2)
+MLP_SMALL_ALL(mlp_v4d, mlp_v4l, mlp_v8f, mlp_v8i, 4, 8, _avx2)
 #pragma GCC pop_options
 
+/* CONTROL_NODE_ISA=sse2 forces the baseline copy (to test it on an AVX2 machine). */
 static int mlp_has_avx2(void) {
+    const char *force = getenv("CONTROL_NODE_ISA");
+    if (force && strcmp(force, "sse2") == 0) return 0;
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 }
-#define MLP_PICK(NAME, m) do {                                                        \
+#define MLP_PICK(NAME, m, BLOCK) do {                                                 \
     if (mlp_has_avx2()) { (m)->forward = NAME##_forward_avx2;                         \
-        (m)->forward_batch = NAME##_forward_batch_avx2; (m)->chain = NAME##_chain_avx2; } \
+        (m)->forward_batch = NAME##_forward_batch_avx2; (m)->chain = NAME##_chain_avx2; \
+        if (MLP_SMALL_FITS(m, BLOCK)) NAME##_pick_small_avx2(m); }                    \
     else { (m)->forward = NAME##_forward_sse2;                                        \
-        (m)->forward_batch = NAME##_forward_batch_sse2; (m)->chain = NAME##_chain_sse2; } \
+        (m)->forward_batch = NAME##_forward_batch_sse2; (m)->chain = NAME##_chain_sse2; \
+        if (MLP_SMALL_FITS(m, BLOCK)) NAME##_pick_small_sse2(m); }                    \
 } while (0)
 static const char *mlp_isa(void) { return mlp_has_avx2() ? "avx2+fma" : "sse2"; }
 #endif
 
-/* Choose the kernels for this CPU; call once after filling the struct. */
-static void mlp_f64_init(mlp_f64 *m) { MLP_PICK(mlp_f64, m); }
-static void mlp_f32_init(mlp_f32 *m) { MLP_PICK(mlp_f32, m); }
+/* Choose the kernels for this CPU and shape; call once after filling every field. */
+static void mlp_f64_init(mlp_f64 *m) { MLP_PICK(mlp_f64, m, 8); }
+static void mlp_f32_init(mlp_f32 *m) { MLP_PICK(mlp_f32, m, 16); }
 
 /* The entry points the rest of the code calls. */
 static inline int mlp_f64_forward(mlp_f64 *m, const double *x) { return m->forward(m, x); }
