@@ -276,7 +276,7 @@ def test_node_and_robot_in_two_namespaces_over_curve(link, tmp_path, iris_model_
     for k, (name, r) in enumerate((("clean", clean), ("lossy", lossy))):
         w = phase_window(node_run, r, k)
         r["node"] = w
-        print(f"node during sim {name}: {w['cycles']} cycles, new frames {w['new_frames']}, longest run of "
+        print(f"node during sim {name}: {w['cycles']} cycles, new frames {w['new_frames']}, "
               f"longest gap without a frame {w['max_gap_ms']:.1f} ms, stale cycles {w['stale']}, input age p50 {w['age_p50_ms']:.2f} ms")
     assert 0.6 * DELAY_MS <= lossy["node"]["age_p50_ms"] - clean["node"]["age_p50_ms"] <= 4 * DELAY_MS
     # the watchdog covers exactly the gaps longer than stale_after (5 ms): loss makes tcp retransmit, and
