@@ -407,7 +407,11 @@ def _lockstep_seqs(tmp_path, iris_model_path, policy, seqs, trip_first=False):
         robot.connect(x, timeout=20)
         if trip_first:
             time.sleep(1.3)
-            robot.actions(timeout=0.01)
+            # drain up to the watchdog's first safe action: what is queued before it are held actions
+            # for the connect frames, which must not be mistaken for answers to the frames below
+            deadline = time.monotonic() + 10
+            while not any(a["safe"] for a in robot.actions(timeout=0.01)):
+                assert time.monotonic() < deadline, "the watchdog never tripped"
         for s in seqs:
             robot.pub.send(msgpack.packb({"seq": s, "t_ns": time.monotonic_ns(), "x": list(map(float, x))}))
             got.append(robot.actions(timeout=0.1))
