@@ -130,6 +130,23 @@ MLP_INLINE void NAME##SFX##_layer_dot(const T *restrict in, int pn_in,          
     }                                                                                 \
 }                                                                                     \
                                                                                       \
+/* Argmax of n_out logits (first maximum, as numpy), or -1 when any is NaN or +-Inf. */ \
+/* Branch-free: a mispredicted compare per sample would cost more than the whole */  \
+/* forward pass and stop consecutive samples from overlapping. */                    \
+MLP_INLINE int NAME##SFX##_argmax(const T *z, int n_out) {                           \
+    int best = 0;                                                                     \
+    T best_v = z[0];                                                                  \
+    int finite = (z[0] - z[0]) == 0;   /* false for NaN and +-Inf */                  \
+    for (int j = 1; j < n_out; j++) {                                                 \
+        const T v = z[j];                                                             \
+        const int gt = v > best_v;                                                    \
+        finite &= (v - v) == 0;                                                       \
+        best += (j - best) & -gt;                                                     \
+        best_v = gt ? v : best_v;                                                     \
+    }                                                                                 \
+    return finite ? best : -1;                                                        \
+}                                                                                     \
+                                                                                      \
 /* Forward pass for one sample. Returns the argmax (first maximum, as numpy), or */  \
 /* -1 when any logit is NaN or infinite: the caller must then act safely. */         \
 MLP_INLINE int NAME##SFX##_forward_inline(NAME *m, const double *x) {                     \
@@ -146,21 +163,7 @@ MLP_INLINE int NAME##SFX##_forward_inline(NAME *m, const double *x) {           
             NAME##SFX##_layer_axpy(m->act[l], m->dims[l], m->W[l], m->b[l],                \
                               m->act[l + 1], m->pdims[l + 1], relu);                  \
     }                                                                                 \
-    const T *z = m->act[L];                                                           \
-    const int n_out = m->dims[L];                                                     \
-    /* Branch-free: a mispredicted compare per sample would cost more than the */    \
-    /* whole forward pass and stop consecutive samples from overlapping. */          \
-    int best = 0;                                                                     \
-    T best_v = z[0];                                                                  \
-    int finite = (z[0] - z[0]) == 0;   /* false for NaN and +-Inf */                  \
-    for (int j = 1; j < n_out; j++) {                                                 \
-        const T v = z[j];                                                             \
-        const int gt = v > best_v;                                                    \
-        finite &= (v - v) == 0;                                                       \
-        best += (j - best) & -gt;                                                     \
-        best_v = gt ? v : best_v;                                                     \
-    }                                                                                 \
-    return finite ? best : -1;                                                        \
+    return NAME##SFX##_argmax(m->act[L], m->dims[L]);                                 \
 }                                                                                     \
                                                                                       \
 static int NAME##_forward##SFX(NAME *m, const double *x) {                            \
@@ -216,18 +219,7 @@ MLP_INLINE int NAME##SFX##_s##NIN##_##P1##_inline(NAME *m, const double *x) {   
     }                                                                                 \
     T *restrict z = m->act[2];                       /* logits() reads them here */    \
     for (int q = 0; q < NBO; q++) ((VT *)z)[q] = z0[q] + z1[q];                       \
-    const int n_out = m->dims[2];                                                     \
-    int best = 0;                                                                     \
-    T best_v = z[0];                                                                  \
-    int finite = (z[0] - z[0]) == 0;                                                  \
-    for (int j = 1; j < n_out; j++) {                                                 \
-        const T v = z[j];                                                             \
-        const int gt = v > best_v;                                                    \
-        finite &= (v - v) == 0;                                                       \
-        best += (j - best) & -gt;                                                     \
-        best_v = gt ? v : best_v;                                                     \
-    }                                                                                 \
-    return finite ? best : -1;                                                        \
+    return NAME##SFX##_argmax(z, m->dims[2]);                                         \
 }                                                                                     \
 static int NAME##_forward##SFX##_s##NIN##_##P1(NAME *m, const double *x) {           \
     return NAME##SFX##_s##NIN##_##P1##_inline(m, x);                                  \
