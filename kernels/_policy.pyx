@@ -28,17 +28,18 @@ cdef inline int _pad(int n, int lanes):
 
 
 def _choose_dot_form(int n_in, int n_out, int itemsize):
-    """Pick the layout for one dense layer, counted in 32-byte vector FMAs.
+    """Pick the layout for one dense layer, counted in 32-byte vector operations.
 
-    axpy: n_in rows of the padded output; dot: one padded dot product per output
-    plus its horizontal sum (~8 FMAs). The dot form must win by 2x: its serial
-    sums measured 1.7-2x slower than axpy for the 16 -> 3 head in both dtypes,
-    while 1024 -> 3 still strongly favours it.
+    axpy: every input is broadcast (~1/2) and scales a padded output row
+    (n_in x padded-outputs FMAs); dot: a padded dot product per output, outputs
+    padded to one vector, plus a transpose-and-add tree (~2 per output vector).
+    Narrow heads (16 -> 3) come out dot, wide layers axpy; ties go to dot, which
+    the small-shape kernels need.
     """
     cdef int lanes = 32 // itemsize, block = BLOCK_BYTES // itemsize
-    axpy = n_in * (_pad(n_out, block) // lanes)
-    dot = n_out * (_pad(n_in, block) // lanes + 8)
-    return 2 * dot < axpy
+    axpy = n_in * (_pad(n_out, block) // lanes) + n_in / 2
+    dot = _pad(n_out, lanes) * (_pad(n_in, block) // lanes) + 2 * (_pad(n_out, lanes) // lanes)
+    return dot <= axpy
 
 
 cdef class Policy:
@@ -66,8 +67,12 @@ cdef class Policy:
         self.n_features = dims[0]
         self.n_classes = dims[n_layers]
         arrays = []
-        mean = np.ascontiguousarray(spec.mean, dtype=np.float64)
-        scale = np.ascontiguousarray(spec.scale, dtype=np.float64)
+        # padded to 64 bytes for vector loads: pad lanes normalise to (0 - 0) / 1 = 0
+        mean = _aligned_zeros(_pad(dims[0], BLOCK_BYTES // 8), np.float64)
+        scale = _aligned_zeros(_pad(dims[0], BLOCK_BYTES // 8), np.float64)
+        mean[:dims[0]] = spec.mean
+        scale[:] = 1.0
+        scale[:dims[0]] = spec.scale
         arrays += [mean, scale]
         acts = [_aligned_zeros(_pad(d, lanes), dtype) for d in dims]
         arrays += acts
@@ -77,9 +82,9 @@ cdef class Policy:
             W, b = spec.layers[l]
             n_in, n_out = W.shape
             dot = _choose_dot_form(n_in, n_out, np.dtype(dtype).itemsize)
-            if dot:
-                Wp = _aligned_zeros(n_out * _pad(n_in, lanes), dtype)
-                Wp.reshape(n_out, _pad(n_in, lanes))[:, :n_in] = W.T
+            if dot:     # rows padded to 32 bytes (zero rows): outputs go a vector at a time
+                Wp = _aligned_zeros(_pad(n_out, lanes // 2) * _pad(n_in, lanes), dtype)
+                Wp.reshape(_pad(n_out, lanes // 2), _pad(n_in, lanes))[:n_out, :n_in] = W.T
             else:   # rows padded too (zero rows): the small kernels run over whole padded widths
                 Wp = _aligned_zeros(_pad(n_in, lanes) * _pad(n_out, lanes), dtype)
                 Wp.reshape(_pad(n_in, lanes), _pad(n_out, lanes))[:n_in, :n_out] = W

@@ -2,17 +2,19 @@
  * Fused MLP forward pass: normalise -> (Dense + ReLU) * hidden -> Dense -> argmax.
  *
  * Plain C so that the compiler, not Cython, owns the vector code. One template,
- * instantiated for double and float by MLP_DEFINE below.
+ * instantiated for double and float by the macros below.
  *
  * Layout (set up once by kernels/_policy.pyx, never changed afterwards):
  *   act[0]      normalised input, padded to pdims[0] lanes (pad lanes stay 0)
  *   act[l + 1]  output of dense layer l, padded to pdims[l + 1] (pad lanes stay 0)
- *   W[l]        "axpy" form (dot_form[l] == 0): (dims[l], pdims[l+1]) row-major,
+ *   W[l]        "axpy" form (dot_form[l] == 0): (pdims[l], pdims[l+1]) row-major,
  *               so one input value scales one contiguous row of outputs;
- *               "dot" form (dot_form[l] == 1): (dims[l+1], pdims[l]) row-major,
- *               one contiguous dot product per output. Narrow outputs (the
- *               3-class head) are cheaper as dot products, wide ones as axpy.
+ *               "dot" form (dot_form[l] == 1): (dims[l+1] rounded up to 32 bytes,
+ *               pdims[l]) row-major, one contiguous dot product per output.
+ *               Narrow outputs (the 3-class head) are cheaper as dot products,
+ *               wide ones as axpy. Pad rows and columns are 0.
  *   b[l]        padded to pdims[l+1], pad lanes 0.
+ *   mean, scale float64, padded to 64 bytes (pad lanes: mean 0, scale 1).
  * Padding to a whole 64-byte block means the vector loops need no tail code:
  * a 4 -> 13 -> 3 policy runs on 16-lane rows whose last 3 lanes are zero.
  *
@@ -73,6 +75,33 @@ MLP_INLINE void NAME##_axpy_nb##NB(const T *restrict in, int n_in,              
     }                                                                                 \
 }
 
+/* Transpose-and-sum: c[k] holds output k's partial sums across the lanes; returns the
+ * vector whose lane k is the sum of c[k]. log2(lanes) levels, each pairing lanes of two
+ * vectors with two shuffles and one add, so L outputs cost L - 1 adds, not L * (L - 1). */
+#define MLP_SH(a, b, ...) __builtin_shuffle((a), (b), (__VA_ARGS__))
+#define MLP_TSUM_2(VT, VI, NAME)                                                      \
+MLP_INLINE VT NAME##_tsum(const VT *c) {                                              \
+    return MLP_SH(c[0], c[1], (VI){0, 2}) + MLP_SH(c[0], c[1], (VI){1, 3});           \
+}
+#define MLP_TSUM_4(VT, VI, NAME)                                                      \
+MLP_INLINE VT NAME##_tsum(const VT *c) {                                              \
+    const VT t0 = MLP_SH(c[0], c[1], (VI){0, 4, 2, 6}) + MLP_SH(c[0], c[1], (VI){1, 5, 3, 7}); \
+    const VT t1 = MLP_SH(c[2], c[3], (VI){0, 4, 2, 6}) + MLP_SH(c[2], c[3], (VI){1, 5, 3, 7}); \
+    return MLP_SH(t0, t1, (VI){0, 1, 4, 5}) + MLP_SH(t0, t1, (VI){2, 3, 6, 7});       \
+}
+#define MLP_TSUM_8(VT, VI, NAME)                                                      \
+MLP_INLINE VT NAME##_tsum(const VT *c) {                                              \
+    VT t[4], u[2];                                                                    \
+    for (int i = 0; i < 4; i++)                                                       \
+        t[i] = MLP_SH(c[2 * i], c[2 * i + 1], (VI){0, 8, 2, 10, 4, 12, 6, 14})        \
+             + MLP_SH(c[2 * i], c[2 * i + 1], (VI){1, 9, 3, 11, 5, 13, 7, 15});       \
+    for (int i = 0; i < 2; i++)                                                       \
+        u[i] = MLP_SH(t[2 * i], t[2 * i + 1], (VI){0, 1, 8, 9, 4, 5, 12, 13})         \
+             + MLP_SH(t[2 * i], t[2 * i + 1], (VI){2, 3, 10, 11, 6, 7, 14, 15});      \
+    return MLP_SH(u[0], u[1], (VI){0, 1, 2, 3, 8, 9, 10, 11})                         \
+         + MLP_SH(u[0], u[1], (VI){4, 5, 6, 7, 12, 13, 14, 15});                      \
+}
+
 #define MLP_STRUCT(T, NAME)                                                           \
 typedef struct NAME##_s NAME;                                                         \
 struct NAME##_s {                                                                      \
@@ -80,8 +109,8 @@ struct NAME##_s {                                                               
     int dims[MLP_MAX_LAYERS + 1];         /* true widths; dims[0] = features */       \
     int pdims[MLP_MAX_LAYERS + 1];        /* widths rounded up to 64 bytes */         \
     int dot_form[MLP_MAX_LAYERS];                                                     \
-    const double *mean;                   /* (dims[0],) float64 */                    \
-    const double *scale;                  /* (dims[0],) float64, never 0 */           \
+    const double *mean;                   /* (dims[0],) float64, padded */            \
+    const double *scale;                  /* (dims[0],) float64, never 0, padded */   \
     const T *W[MLP_MAX_LAYERS];                                                       \
     const T *b[MLP_MAX_LAYERS];                                                       \
     T *act[MLP_MAX_LAYERS + 1];                                                       \
@@ -98,6 +127,7 @@ MLP_AXPY_NB(T, VT, VI, NAME##SFX, 1, 2)                                         
 MLP_AXPY_NB(T, VT, VI, NAME##SFX, 2, 2)                                                    \
 MLP_AXPY_NB(T, VT, VI, NAME##SFX, 3, 1)                                                    \
 MLP_AXPY_NB(T, VT, VI, NAME##SFX, 4, 1)                                                    \
+MLP_TSUM_##BLK(VT, VI, NAME##SFX)                                                    \
                                                                                       \
 MLP_INLINE void NAME##SFX##_layer_axpy(const T *restrict in, int n_in,                    \
                                   const T *restrict W, const T *restrict b,          \
@@ -113,20 +143,24 @@ MLP_INLINE void NAME##SFX##_layer_axpy(const T *restrict in, int n_in,          
     }                                                                                 \
 }                                                                                     \
                                                                                       \
-/* dot form: one output per dot product over the padded input; the BLK partial */    \
-/* sums are added pairwise (a tree), never lane by lane. */                          \
+/* dot form: BLK outputs at a time, one partial-sum vector each (the inputs run in */ \
+/* the outer loop, so BLK independent FMA chains overlap); the BLK vectors are then */ \
+/* transposed and added in one shuffle tree. Wt has its rows padded to 32 bytes */    \
+/* (zero rows), so whole groups never read past it. */                               \
 MLP_INLINE void NAME##SFX##_layer_dot(const T *restrict in, int pn_in,                    \
                                  const T *restrict Wt, const T *restrict b,          \
                                  T *restrict out, int n_out, int relu) {             \
     const VT *xv = (const VT *)in;                                                    \
     const int nb = pn_in / BLK;                                                       \
-    for (int j = 0; j < n_out; j++) {                                                 \
-        const VT *w = (const VT *)(Wt + (size_t)j * pn_in);                           \
-        VT acc = xv[0] * w[0];                                                        \
-        for (int q = 1; q < nb; q++) acc += xv[q] * w[q];                             \
-        T v = b[j];                                                                   \
-        for (int k = 0; k < BLK; k++) v += acc[k];                                    \
-        out[j] = (relu && v < 0) ? (T)0 : v;                                          \
+    for (int j0 = 0; j0 < n_out; j0 += BLK) {                                         \
+        const VT *w = (const VT *)(Wt + (size_t)j0 * pn_in);                          \
+        VT acc[BLK];                                                                  \
+        for (int k = 0; k < BLK; k++) acc[k] = xv[0] * w[k * nb];                     \
+        for (int q = 1; q < nb; q++)                                                  \
+            for (int k = 0; k < BLK; k++) acc[k] += xv[q] * w[k * nb + q];            \
+        VT v = NAME##SFX##_tsum(acc) + *(const VT *)(b + j0);                         \
+        if (relu) v = (VT)((VI)v & ~(VI)(v < 0));                                     \
+        *(VT *)(out + j0) = v;                                                        \
     }                                                                                 \
 }                                                                                     \
                                                                                       \
@@ -193,32 +227,46 @@ static int64_t NAME##_chain##SFX(NAME *m, const double *X, ptrdiff_t n_rows,    
 }
 
 
-/* Small one-hidden-layer policies (the common case: n_features <= 8, hidden <= 32, few classes)
- * get kernels with every width fixed at compile time, so the hidden activations stay in
- * registers and no loop or dispatch code runs between the arithmetic. Chosen at load time
- * when the shape fits (see mlp_*_init); anything else runs the generic kernels above.
- * P1, P2: padded hidden and output widths; W rows are padded too (zero rows). */
-#define MLP_SMALL(T, VT, VI, NAME, SFX, LANES, NIN, P1, P2)                           \
+/* Small one-hidden-layer policies (the common case: n_features <= 8, hidden <= 32, up to
+ * 64 bytes of classes: 8 float64 / 16 float32) get kernels with every width fixed at compile
+ * time, so the normalised input, the hidden activations and the logits stay in registers and
+ * no loop or dispatch code runs between the arithmetic. Chosen at load time when the shape
+ * fits (see mlp_*_init); anything else runs the generic kernels above.
+ * Normalisation runs on double vectors VD of LD lanes over mean/scale padded to 64 bytes
+ * (pad lanes mean 0, scale 1); layer 1 is axpy (W rows of P1), the head is dot form (rows of
+ * P1, padded to HO = 32 bytes of outputs) reduced with NAME##SFX##_tsum, one or two HO groups. */
+#define MLP_SMALL(T, VT, VI, VD, LD, NAME, SFX, LANES, NIN, P1, HO)                    \
 MLP_INLINE int NAME##SFX##_s##NIN##_##P1##_inline(NAME *m, const double *x) {        \
-    enum { NBH = P1 / LANES, NBO = P2 / LANES };                                      \
-    const T *restrict W1 = m->W[0], *restrict W2 = m->W[1];                           \
+    enum { NBH = P1 / LANES, NBD = (NIN + LD - 1) / LD };                              \
+    const T *restrict W1 = m->W[0], *restrict Wt = m->W[1];                           \
+    VD xn[NBD];                                                                       \
+    for (int q = 0; q < NBD; q++) xn[q] = (VD){0};                                    \
+    for (int i = 0; i < NIN; i++) xn[i / LD][i % LD] = x[i];                          \
+    for (int q = 0; q < NBD; q++)                                                     \
+        xn[q] = (xn[q] - ((const VD *)m->mean)[q]) / ((const VD *)m->scale)[q];       \
+    /* the bias enters with the first input: a plain copy loop becomes a memcpy */    \
+    /* through the stack, whose reloads stall on store forwarding */                  \
     VT h[NBH];                                                                        \
-    for (int q = 0; q < NBH; q++) h[q] = ((const VT *)m->b[0])[q];                    \
-    for (int i = 0; i < NIN; i++) {                                                   \
-        const T xi = (T)((x[i] - m->mean[i]) / m->scale[i]);                          \
+    const T x0 = (T)xn[0][0];                                                         \
+    for (int q = 0; q < NBH; q++) h[q] = ((const VT *)m->b[0])[q] + x0 * ((const VT *)W1)[q]; \
+    for (int i = 1; i < NIN; i++) {                                                   \
+        const T xi = (T)xn[i / LD][i % LD];                                           \
         const VT *w = (const VT *)(W1 + i * P1);                                      \
         for (int q = 0; q < NBH; q++) h[q] += xi * w[q];                              \
     }                                                                                 \
     for (int q = 0; q < NBH; q++) h[q] = (VT)((VI)h[q] & ~(VI)(h[q] < 0));            \
-    VT z0[NBO], z1[NBO];                                                              \
-    for (int q = 0; q < NBO; q++) { z0[q] = ((const VT *)m->b[1])[q]; z1[q] = (VT){0}; } \
-    for (int k = 0; k < P1; k += 2) {                                                 \
-        const T a0 = h[k / LANES][k % LANES], a1 = h[(k + 1) / LANES][(k + 1) % LANES]; \
-        const VT *w0 = (const VT *)(W2 + k * P2), *w1 = (const VT *)(W2 + (k + 1) * P2); \
-        for (int q = 0; q < NBO; q++) { z0[q] += a0 * w0[q]; z1[q] += a1 * w1[q]; }    \
-    }                                                                                 \
     T *restrict z = m->act[2];                       /* logits() reads them here */    \
-    for (int q = 0; q < NBO; q++) ((VT *)z)[q] = z0[q] + z1[q];                       \
+    const int groups = (m->dims[2] + HO - 1) / HO * (HO / LANES);   /* 1 or 2 x HO */ \
+    for (int g = 0; g < groups; g++) {                                                \
+        VT acc[LANES];                                                                \
+        for (int k = 0; k < LANES; k++) {                                             \
+            const VT *w = (const VT *)(Wt + (g * LANES + k) * P1);                    \
+            VT s0 = h[0] * w[0], s1 = (VT){0};                                        \
+            for (int q = 1; q < NBH; q++) { if (q & 1) s1 += h[q] * w[q]; else s0 += h[q] * w[q]; } \
+            acc[k] = s0 + s1;                                                         \
+        }                                                                             \
+        ((VT *)z)[g] = NAME##SFX##_tsum(acc) + ((const VT *)m->b[1])[g];              \
+    }                                                                                 \
     return NAME##SFX##_argmax(z, m->dims[2]);                                         \
 }                                                                                     \
 static int NAME##_forward##SFX##_s##NIN##_##P1(NAME *m, const double *x) {           \
@@ -230,15 +278,15 @@ static void NAME##_forward_batch##SFX##_s##NIN##_##P1(NAME *m, const double *X, 
         out[r] = NAME##SFX##_s##NIN##_##P1##_inline(m, X + r * row_stride);           \
 }
 
-#define MLP_SMALL_NIN(T, VT, VI, NAME, SFX, LANES, P1, P2)                            \
-    MLP_SMALL(T, VT, VI, NAME, SFX, LANES, 1, P1, P2)                                 \
-    MLP_SMALL(T, VT, VI, NAME, SFX, LANES, 2, P1, P2)                                 \
-    MLP_SMALL(T, VT, VI, NAME, SFX, LANES, 3, P1, P2)                                 \
-    MLP_SMALL(T, VT, VI, NAME, SFX, LANES, 4, P1, P2)                                 \
-    MLP_SMALL(T, VT, VI, NAME, SFX, LANES, 5, P1, P2)                                 \
-    MLP_SMALL(T, VT, VI, NAME, SFX, LANES, 6, P1, P2)                                 \
-    MLP_SMALL(T, VT, VI, NAME, SFX, LANES, 7, P1, P2)                                 \
-    MLP_SMALL(T, VT, VI, NAME, SFX, LANES, 8, P1, P2)
+#define MLP_SMALL_NIN(T, VT, VI, VD, LD, NAME, SFX, LANES, P1, HO)                    \
+    MLP_SMALL(T, VT, VI, VD, LD, NAME, SFX, LANES, 1, P1, HO)                         \
+    MLP_SMALL(T, VT, VI, VD, LD, NAME, SFX, LANES, 2, P1, HO)                         \
+    MLP_SMALL(T, VT, VI, VD, LD, NAME, SFX, LANES, 3, P1, HO)                         \
+    MLP_SMALL(T, VT, VI, VD, LD, NAME, SFX, LANES, 4, P1, HO)                         \
+    MLP_SMALL(T, VT, VI, VD, LD, NAME, SFX, LANES, 5, P1, HO)                         \
+    MLP_SMALL(T, VT, VI, VD, LD, NAME, SFX, LANES, 6, P1, HO)                         \
+    MLP_SMALL(T, VT, VI, VD, LD, NAME, SFX, LANES, 7, P1, HO)                         \
+    MLP_SMALL(T, VT, VI, VD, LD, NAME, SFX, LANES, 8, P1, HO)
 
 #define MLP_SMALL_CASE(NAME, SFX, NIN, P1)                                            \
     case NIN: m->forward = NAME##_forward##SFX##_s##NIN##_##P1;                       \
@@ -253,14 +301,14 @@ static void NAME##_forward_batch##SFX##_s##NIN##_##P1(NAME *m, const double *X, 
         default: return 0;                                                            \
     }
 
-/* Instances: float64 with hidden padded to 8/16/32 and outputs to 8; float32 with
- * hidden padded to 16/32 and outputs to 16. Returns 1 when m got a small kernel. */
+/* Instances: float64 with hidden padded to 8/16/32 and up to 8 classes; float32 with
+ * hidden padded to 16/32 and up to 16 classes. Returns 1 when m got a small kernel. */
 #define MLP_SMALL_ALL(VD, VL, VF, VIF, LD, LF, SFX)                                    \
-    MLP_SMALL_NIN(double, VD, VL, mlp_f64, SFX, LD, 8, 8)                             \
-    MLP_SMALL_NIN(double, VD, VL, mlp_f64, SFX, LD, 16, 8)                            \
-    MLP_SMALL_NIN(double, VD, VL, mlp_f64, SFX, LD, 32, 8)                            \
-    MLP_SMALL_NIN(float, VF, VIF, mlp_f32, SFX, LF, 16, 16)                           \
-    MLP_SMALL_NIN(float, VF, VIF, mlp_f32, SFX, LF, 32, 16)                           \
+    MLP_SMALL_NIN(double, VD, VL, VD, LD, mlp_f64, SFX, LD, 8, 4)                     \
+    MLP_SMALL_NIN(double, VD, VL, VD, LD, mlp_f64, SFX, LD, 16, 4)                    \
+    MLP_SMALL_NIN(double, VD, VL, VD, LD, mlp_f64, SFX, LD, 32, 4)                    \
+    MLP_SMALL_NIN(float, VF, VIF, VD, LD, mlp_f32, SFX, LF, 16, 8)                    \
+    MLP_SMALL_NIN(float, VF, VIF, VD, LD, mlp_f32, SFX, LF, 32, 8)                    \
 static int mlp_f64_pick_small##SFX(mlp_f64 *m) {                                      \
     if (m->pdims[1] == 8) { MLP_SMALL_SWITCH(mlp_f64, SFX, 8) }                       \
     if (m->pdims[1] == 16) { MLP_SMALL_SWITCH(mlp_f64, SFX, 16) }                     \
@@ -273,9 +321,10 @@ static int mlp_f32_pick_small##SFX(mlp_f32 *m) {                                
     return 0;                                                                         \
 }
 
-/* The shape test shared by both dtypes: two axpy layers, <= 8 inputs, outputs in one block. */
-#define MLP_SMALL_FITS(m, BLOCK) ((m)->n_layers == 2 && !(m)->dot_form[0] && !(m)->dot_form[1] \
-                                  && (m)->dims[0] <= 8 && (m)->pdims[2] == (BLOCK))
+/* The shape test shared by both dtypes: an axpy hidden layer, a dot-form head of at most
+ * 2 x HO classes (64 bytes), <= 8 inputs. */
+#define MLP_SMALL_FITS(m, HO) ((m)->n_layers == 2 && !(m)->dot_form[0] && (m)->dot_form[1] \
+                               && (m)->dims[0] <= 8 && (m)->dims[2] <= 2 * (HO))
 
 MLP_STRUCT(double, mlp_f64)
 MLP_STRUCT(float, mlp_f32)
@@ -289,8 +338,8 @@ typedef int32_t mlp_v8i __attribute__((vector_size(32)));
 MLP_KERNELS(double, mlp_v4d, mlp_v4l, mlp_f64, 4, _one)
 MLP_KERNELS(float, mlp_v8f, mlp_v8i, mlp_f32, 8, _one)
 MLP_SMALL_ALL(mlp_v4d, mlp_v4l, mlp_v8f, mlp_v8i, 4, 8, _one)
-#define MLP_PICK(NAME, m, BLOCK) do { (m)->forward = NAME##_forward_one; (m)->forward_batch = NAME##_forward_batch_one; \
-    (m)->chain = NAME##_chain_one; if (MLP_SMALL_FITS(m, BLOCK)) NAME##_pick_small_one(m); } while (0)
+#define MLP_PICK(NAME, m, HO) do { (m)->forward = NAME##_forward_one; (m)->forward_batch = NAME##_forward_batch_one; \
+    (m)->chain = NAME##_chain_one; if (MLP_SMALL_FITS(m, HO)) NAME##_pick_small_one(m); } while (0)
 static const char *mlp_isa(void) {
 #if defined(MLP_NATIVE)
     return "native";
@@ -326,20 +375,20 @@ static int mlp_has_avx2(void) {
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 }
-#define MLP_PICK(NAME, m, BLOCK) do {                                                 \
+#define MLP_PICK(NAME, m, HO) do {                                                 \
     if (mlp_has_avx2()) { (m)->forward = NAME##_forward_avx2;                         \
         (m)->forward_batch = NAME##_forward_batch_avx2; (m)->chain = NAME##_chain_avx2; \
-        if (MLP_SMALL_FITS(m, BLOCK)) NAME##_pick_small_avx2(m); }                    \
+        if (MLP_SMALL_FITS(m, HO)) NAME##_pick_small_avx2(m); }                    \
     else { (m)->forward = NAME##_forward_sse2;                                        \
         (m)->forward_batch = NAME##_forward_batch_sse2; (m)->chain = NAME##_chain_sse2; \
-        if (MLP_SMALL_FITS(m, BLOCK)) NAME##_pick_small_sse2(m); }                    \
+        if (MLP_SMALL_FITS(m, HO)) NAME##_pick_small_sse2(m); }                    \
 } while (0)
 static const char *mlp_isa(void) { return mlp_has_avx2() ? "avx2+fma" : "sse2"; }
 #endif
 
 /* Choose the kernels for this CPU and shape; call once after filling every field. */
-static void mlp_f64_init(mlp_f64 *m) { MLP_PICK(mlp_f64, m, 8); }
-static void mlp_f32_init(mlp_f32 *m) { MLP_PICK(mlp_f32, m, 16); }
+static void mlp_f64_init(mlp_f64 *m) { MLP_PICK(mlp_f64, m, 4); }
+static void mlp_f32_init(mlp_f32 *m) { MLP_PICK(mlp_f32, m, 8); }
 
 /* The entry points the rest of the code calls. */
 static inline int mlp_f64_forward(mlp_f64 *m, const double *x) { return m->forward(m, x); }

@@ -59,7 +59,7 @@ def test_random_shapes_match_reference(make_spec, n_features, hidden, n_classes,
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("sizes", [[4, 13, 3], [4, 16, 3], [12, 70, 3], [5, 70, 70, 70, 2], [1, 1, 1],
-                                   [7, 9, 1], [3, 1024, 3], [4, 256, 256, 3]])
+                                   [7, 9, 1], [3, 1024, 3], [4, 256, 256, 3], [1000, 9, 2], [1000, 3, 2]])
 def test_fixed_shapes_match_reference(make_spec, sizes, dtype):
     spec = make_spec(sizes, dtype=dtype, seed=sum(sizes))
     policy = Policy(spec)
@@ -74,15 +74,19 @@ def test_4_13_3_layout_and_answers(make_spec):
     for dtype in DTYPES:
         spec = make_spec([4, 13, 3], dtype=dtype, seed=13)
         policy = Policy(spec)
-        assert policy.layout == ["axpy", "axpy"]
+        assert policy.layout == ["axpy", "dot"]
         assert_matches_reference(policy, spec, random_inputs(spec, 500, seed=2))
 
 
 def test_both_layer_layouts_are_exercised(make_spec):
-    """Wide-in, narrow-out layers use the dot form; the sweep above must cover both forms."""
-    assert Policy(make_spec([4, 16, 3])).layout == ["axpy", "axpy"]
+    """Wide-in, narrow-out layers use the dot form; the sweep above must cover both forms,
+    including a dot-form hidden layer (ReLU) spanning several output vectors (1000 -> 9)."""
+    assert Policy(make_spec([4, 16, 32])).layout == ["axpy", "axpy"]
+    assert Policy(make_spec([4, 16, 3])).layout == ["axpy", "dot"]
     assert Policy(make_spec([12, 200, 3])).layout == ["axpy", "dot"]
     assert "dot" in Policy(make_spec([3, 1024, 3], dtype="float32")).layout
+    assert Policy(make_spec([1000, 9, 2])).layout == ["dot", "dot"]
+    assert Policy(make_spec([1000, 3, 2], dtype="float32")).layout == ["dot", "axpy"]
 
 
 def test_predict_on_iris(iris_spec):
