@@ -69,8 +69,7 @@ MLP_INLINE void NAME##_axpy_nb##NB(const T *restrict in, int n_in,              
     }                                                                                 \
     for (int q = 0; q < NB; q++) {                                                    \
         VT v = acc0[q] + acc1[q];                                                     \
-        /* zero where v < 0; NaN compares false and stays visible */                  \
-        if (relu) v = (VT)((VI)v & ~(VI)(v < 0));                                     \
+        if (relu) v = NAME##_relu(v);                                                 \
         ((VT *)out)[q] = v;                                                           \
     }                                                                                 \
 }
@@ -120,7 +119,10 @@ struct NAME##_s {                                                               
     int64_t (*chain)(NAME *, const double *, ptrdiff_t, ptrdiff_t, ptrdiff_t);        \
 };
 
-#define MLP_KERNELS(T, VT, VI, NAME, BLK, SFX)                                      \
+#define MLP_KERNELS(T, VT, VI, NAME, BLK, SFX, RELU)                                \
+/* ReLU as one max instruction where the ISA has it (RELU), else by mask; either */   \
+/* way v < 0 becomes 0 and a NaN stays NaN, so a broken input cannot look valid. */   \
+MLP_INLINE VT NAME##SFX##_relu(VT v) { return RELU(v); }                             \
 /* axpy form, NB blocks of BLK outputs at once: accumulators stay in registers. */ \
 /* NB <= 2 keeps two accumulator sets (even/odd inputs) to halve the FMA chain. */  \
 MLP_AXPY_NB(T, VT, VI, NAME##SFX, 1, 2)                                                    \
@@ -159,7 +161,7 @@ MLP_INLINE void NAME##SFX##_layer_dot(const T *restrict in, int pn_in,          
         for (int q = 1; q < nb; q++)                                                  \
             for (int k = 0; k < BLK; k++) acc[k] += xv[q] * w[k * nb + q];            \
         VT v = NAME##SFX##_tsum(acc) + *(const VT *)(b + j0);                         \
-        if (relu) v = (VT)((VI)v & ~(VI)(v < 0));                                     \
+        if (relu) v = NAME##SFX##_relu(v);                                            \
         *(VT *)(out + j0) = v;                                                        \
     }                                                                                 \
 }                                                                                     \
@@ -254,7 +256,7 @@ MLP_INLINE int NAME##SFX##_s##NIN##_##P1##_inline(NAME *m, const double *x) {   
         const VT *w = (const VT *)(W1 + i * P1);                                      \
         for (int q = 0; q < NBH; q++) h[q] += xi * w[q];                              \
     }                                                                                 \
-    for (int q = 0; q < NBH; q++) h[q] = (VT)((VI)h[q] & ~(VI)(h[q] < 0));            \
+    for (int q = 0; q < NBH; q++) h[q] = NAME##SFX##_relu(h[q]);                      \
     T *restrict z = m->act[2];                       /* logits() reads them here */    \
     const int groups = (m->dims[2] + HO - 1) / HO * (HO / LANES);   /* 1 or 2 x HO */ \
     for (int g = 0; g < groups; g++) {                                                \
@@ -326,6 +328,10 @@ static int mlp_f32_pick_small##SFX(mlp_f32 *m) {                                
 #define MLP_SMALL_FITS(m, HO) ((m)->n_layers == 2 && !(m)->dot_form[0] && (m)->dot_form[1] \
                                && (m)->dims[0] <= 8 && (m)->dims[2] <= 2 * (HO))
 
+/* x86 MAXPD/MAXPS return the second operand when either is NaN: max(0, v) keeps NaN. */
+#define MLP_RELU_MAXPD256(v) __builtin_ia32_maxpd256((mlp_v4d){0}, (v))
+#define MLP_RELU_MAXPS256(v) __builtin_ia32_maxps256((mlp_v8f){0}, (v))
+
 MLP_STRUCT(double, mlp_f64)
 MLP_STRUCT(float, mlp_f32)
 
@@ -335,8 +341,15 @@ typedef double mlp_v4d __attribute__((vector_size(32)));
 typedef int64_t mlp_v4l __attribute__((vector_size(32)));
 typedef float mlp_v8f __attribute__((vector_size(32)));
 typedef int32_t mlp_v8i __attribute__((vector_size(32)));
-MLP_KERNELS(double, mlp_v4d, mlp_v4l, mlp_f64, 4, _one)
-MLP_KERNELS(float, mlp_v8f, mlp_v8i, mlp_f32, 8, _one)
+#if defined(__AVX__)
+#define MLP_RELU_V4D MLP_RELU_MAXPD256
+#define MLP_RELU_V8F MLP_RELU_MAXPS256
+#else
+#define MLP_RELU_V4D(v) ((mlp_v4d)((mlp_v4l)(v) & ~(mlp_v4l)((v) < 0)))
+#define MLP_RELU_V8F(v) ((mlp_v8f)((mlp_v8i)(v) & ~(mlp_v8i)((v) < 0)))
+#endif
+MLP_KERNELS(double, mlp_v4d, mlp_v4l, mlp_f64, 4, _one, MLP_RELU_V4D)
+MLP_KERNELS(float, mlp_v8f, mlp_v8i, mlp_f32, 8, _one, MLP_RELU_V8F)
 MLP_SMALL_ALL(mlp_v4d, mlp_v4l, mlp_v8f, mlp_v8i, 4, 8, _one)
 #define MLP_PICK(NAME, m, HO) do { (m)->forward = NAME##_forward_one; (m)->forward_batch = NAME##_forward_batch_one; \
     (m)->chain = NAME##_chain_one; if (MLP_SMALL_FITS(m, HO)) NAME##_pick_small_one(m); } while (0)
@@ -353,8 +366,10 @@ typedef double mlp_v2d __attribute__((vector_size(16)));
 typedef int64_t mlp_v2l __attribute__((vector_size(16)));
 typedef float mlp_v4f __attribute__((vector_size(16)));
 typedef int32_t mlp_v4i __attribute__((vector_size(16)));
-MLP_KERNELS(double, mlp_v2d, mlp_v2l, mlp_f64, 2, _sse2)
-MLP_KERNELS(float, mlp_v4f, mlp_v4i, mlp_f32, 4, _sse2)
+#define MLP_RELU_MAXPD(v) __builtin_ia32_maxpd((mlp_v2d){0}, (v))
+#define MLP_RELU_MAXPS(v) __builtin_ia32_maxps((mlp_v4f){0}, (v))
+MLP_KERNELS(double, mlp_v2d, mlp_v2l, mlp_f64, 2, _sse2, MLP_RELU_MAXPD)
+MLP_KERNELS(float, mlp_v4f, mlp_v4i, mlp_f32, 4, _sse2, MLP_RELU_MAXPS)
 MLP_SMALL_ALL(mlp_v2d, mlp_v2l, mlp_v4f, mlp_v4i, 2, 4, _sse2)
 
 #pragma GCC push_options
@@ -363,8 +378,8 @@ typedef double mlp_v4d __attribute__((vector_size(32)));
 typedef int64_t mlp_v4l __attribute__((vector_size(32)));
 typedef float mlp_v8f __attribute__((vector_size(32)));
 typedef int32_t mlp_v8i __attribute__((vector_size(32)));
-MLP_KERNELS(double, mlp_v4d, mlp_v4l, mlp_f64, 4, _avx2)
-MLP_KERNELS(float, mlp_v8f, mlp_v8i, mlp_f32, 8, _avx2)
+MLP_KERNELS(double, mlp_v4d, mlp_v4l, mlp_f64, 4, _avx2, MLP_RELU_MAXPD256)
+MLP_KERNELS(float, mlp_v8f, mlp_v8i, mlp_f32, 8, _avx2, MLP_RELU_MAXPS256)
 MLP_SMALL_ALL(mlp_v4d, mlp_v4l, mlp_v8f, mlp_v8i, 4, 8, _avx2)
 #pragma GCC pop_options
 

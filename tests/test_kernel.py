@@ -194,7 +194,7 @@ def test_non_finite_and_huge_inputs_give_minus_one(iris_spec, dtype, value):
     assert_matches_reference(policy, spec, X)
 
 
-@pytest.mark.parametrize("sizes", [[4, 16, 3], [12, 70, 3], [3, 1024, 3]])
+@pytest.mark.parametrize("sizes", [[4, 16, 3], [12, 70, 3], [3, 1024, 3], [1000, 9, 2]])   # axpy and dot ReLU layers
 def test_nan_in_one_feature_gives_minus_one(make_spec, sizes):
     for dtype in DTYPES:
         spec = make_spec(sizes, dtype=dtype, weight_scale=1.0, seed=21)
