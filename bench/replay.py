@@ -40,17 +40,16 @@ def main(argv=None) -> int:
     ap.add_argument("--json", help="write the results here (default: runs/bench-replay-<stamp>.json)")
     a = ap.parse_args(argv)
     from bench.common import LOCK_FILE, machine_info, print_table, write_json
-    from sim.testing import ROOT, Node, child_env, make_endpoint_dir, write_node_config
+    from sim.testing import ROOT, NodeProcess, child_env, make_endpoint_dir, write_node_config
     lock = open(LOCK_FILE, "a")
     print(f"waiting for {LOCK_FILE} ...", flush=True)
     fcntl.flock(lock, fcntl.LOCK_EX)
     ep = make_endpoint_dir()
     results = {}
     try:
-        cfg = write_node_config(os.path.join(ep, "node.toml"), ep)
-        eps = {"sensor": f"ipc://{ep}/sensor", "action": f"ipc://{ep}/action",
-               "diagnostics": f"ipc://{ep}/diagnostics"}
-        node = Node(cfg, os.path.abspath(a.model), os.path.join(ep, "run"), extra=["--clock", a.clock])
+        cfg = os.path.join(ep, "node.toml")
+        eps = write_node_config(cfg, ep)
+        node = NodeProcess(cfg, os.path.abspath(a.model), "--run-dir", os.path.join(ep, "run"), "--clock", a.clock)
         try:
             results["node"] = _measure(eps, a.frames)
         finally:

@@ -1,7 +1,11 @@
-"""Test and benchmark helpers: unique ipc endpoints, a node config, and starting the real node."""
+"""Test and benchmark helpers: private endpoints, a node config, and the real node as a child process.
+
+Used by ``tests/`` and ``bench/`` alike, so that there is one way to start a node for a check.
+"""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -10,23 +14,29 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def node_command(config, model, run_dir, extra=()):
-    return [sys.executable, "-m", "control_node", "run", "--config", str(config), "--model", str(model),
-            "--run-dir", str(run_dir), *extra]
-
-
 def make_endpoint_dir():
     """A short unique dir for ipc sockets (ipc paths are limited to ~107 bytes)."""
     return tempfile.mkdtemp(prefix="pytest-cn-", dir="/tmp")
 
 
-def write_node_config(path, ep_dir, extra=""):
+def write_node_config(path, ep_dir, extra="", transport="ipc"):
+    """Write a node config whose endpoints are private: ipc sockets in ``ep_dir``, or free loopback tcp
+    ports; runs go to ``ep_dir/runs``. ``extra`` is appended TOML. Returns the endpoints by name."""
+    names = ("sensor", "action", "diagnostics")
+    if transport == "ipc":
+        eps = {k: f"ipc://{ep_dir}/{k}" for k in names}
+    else:
+        import zmq
+        eps = {}
+        for k in names:
+            s = zmq.Context.instance().socket(zmq.PUB)
+            port = s.bind_to_random_port("tcp://127.0.0.1")
+            s.close(linger=0)
+            eps[k] = f"tcp://127.0.0.1:{port}"
     with open(path, "w") as f:
-        f.write("[endpoints]\n"
-                f'sensor = "ipc://{ep_dir}/sensor"\n'
-                f'action = "ipc://{ep_dir}/action"\n'
-                f'diagnostics = "ipc://{ep_dir}/diagnostics"\n' + extra)
-    return path
+        f.write("[endpoints]\n" + "".join(f'{k} = "{v}"\n' for k, v in eps.items())
+                + f'[node]\nrun_root = "{ep_dir}/runs"\n' + extra)
+    return eps
 
 
 def child_env():
@@ -36,39 +46,68 @@ def child_env():
     return env
 
 
-class Node:
-    """Start the node, wait for its ``ready`` line; ``stop()`` sends SIGINT and returns its stdout."""
+def run_cli(*args, timeout=60):
+    """``python -m control_node ARGS`` to completion (CompletedProcess, text, output captured)."""
+    return subprocess.run([sys.executable, "-m", "control_node", *map(str, args)], cwd=ROOT, env=child_env(),
+                          capture_output=True, text=True, timeout=timeout)
 
-    def __init__(self, config, model, run_dir, extra=(), timeout=30.0):
-        self.proc = subprocess.Popen(node_command(config, model, run_dir, extra), cwd=ROOT, env=child_env(),
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                     start_new_session=True)
-        self.lines = []
-        deadline = time.monotonic() + timeout
+
+class NodeProcess:
+    """``control-node run --config CONFIG --model MODEL ARGS...`` as a child process in its own session.
+
+    Waits for the node's ``ready`` line (raising with its output if it exits or times out first);
+    ``endpoints`` holds what that line announced. ``stop()`` signals it and returns
+    ``(returncode, stdout, stderr, run_dir)``; used as a context manager it stops on exit.
+    """
+
+    def __init__(self, config, model, *args, ready_timeout=30.0):
+        cmd = [sys.executable, "-m", "control_node", "run", "--config", str(config), "--model", str(model),
+               *map(str, args)]
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, env=child_env(), stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True, start_new_session=True)
+        deadline = time.monotonic() + ready_timeout
+        self.ready_line = None
         while time.monotonic() < deadline:
             line = self.proc.stdout.readline()
             if not line:
-                raise RuntimeError(f"node exited before ready: {''.join(self.lines)}")
-            self.lines.append(line)
+                break
             if line.startswith("ready "):
-                return
-        raise RuntimeError("node not ready in time")
+                self.ready_line = line.strip()
+                break
+        if self.ready_line is None:
+            self.kill()
+            out, err = self.proc.communicate()
+            raise RuntimeError(f"node did not become ready: rc={self.proc.returncode}\n{out}\n{err}")
+        self.endpoints = dict(kv.split("=", 1) for kv in self.ready_line.split()[1:])
 
-    def stop(self, timeout=15.0):
-        import signal
+    def stop(self, sig=signal.SIGTERM, timeout=30.0):
+        """Signal the node, wait, return (returncode, stdout, stderr, run_dir)."""
         if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-        try:
-            out, _ = self.proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            out, _ = self.proc.communicate()
-        self.lines.append(out or "")
-        return "".join(self.lines)
+            self.proc.send_signal(sig)
+        out, err = self.proc.communicate(timeout=timeout)
+        run_dir = None
+        for line in out.splitlines():
+            if line.startswith("run directory: "):
+                run_dir = line[len("run directory: "):].strip()
+        if run_dir and not os.path.isabs(run_dir):
+            run_dir = os.path.join(ROOT, run_dir)
+        return self.proc.returncode, out, err, run_dir
+
+    def kill(self):
+        """SIGKILL the node's whole session (nothing of it may keep spinning on the loop core)."""
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.proc.communicate()
 
     def __enter__(self):
         return self
 
     def __exit__(self, *exc):
-        self.stop()
+        try:
+            self.stop(timeout=15.0)
+        except subprocess.TimeoutExpired:
+            self.kill()
         return False

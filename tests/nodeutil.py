@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -11,67 +10,7 @@ import msgpack
 import numpy as np
 import zmq
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def write_config(path, tmp_dir, transport="ipc", extra=""):
-    """A node config with endpoints private to ``tmp_dir`` (ipc) or free loopback ports (tcp)."""
-    if transport == "ipc":
-        eps = {k: f"ipc://{tmp_dir}/{k}" for k in ("sensor", "action", "diagnostics")}
-    else:
-        ctx = zmq.Context.instance()
-        eps = {}
-        for k in ("sensor", "action", "diagnostics"):
-            s = ctx.socket(zmq.PUB)
-            port = s.bind_to_random_port("tcp://127.0.0.1")
-            s.close(linger=0)
-            eps[k] = f"tcp://127.0.0.1:{port}"
-    text = "[endpoints]\n" + "".join(f'{k} = "{v}"\n' for k, v in eps.items())
-    text += f'[node]\nrun_root = "{tmp_dir}/runs"\n' + extra
-    with open(path, "w") as f:
-        f.write(text)
-    return eps
-
-
-class NodeProcess:
-    """`control-node run` as a child process; waits for its `ready` line."""
-
-    def __init__(self, config, model, *args, ready_timeout=30.0):
-        cmd = [sys.executable, "-m", "control_node", "run", "--config", str(config), "--model", str(model),
-               *map(str, args)]
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        deadline = time.monotonic() + ready_timeout
-        self.ready_line = None
-        while time.monotonic() < deadline:
-            line = self.proc.stdout.readline()
-            if not line:
-                break
-            if line.startswith("ready "):
-                self.ready_line = line.strip()
-                break
-        if self.ready_line is None:
-            self.proc.kill()
-            out, err = self.proc.communicate()
-            raise RuntimeError(f"node did not become ready: rc={self.proc.returncode}\n{out}\n{err}")
-        self.endpoints = dict(kv.split("=", 1) for kv in self.ready_line.split()[1:])
-
-    def stop(self, sig=signal.SIGTERM, timeout=30.0):
-        """Signal the node, wait, return (returncode, stdout, stderr, run_dir)."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-        out, err = self.proc.communicate(timeout=timeout)
-        run_dir = None
-        for line in out.splitlines():
-            if line.startswith("run directory: "):
-                run_dir = line[len("run directory: "):].strip()
-        if run_dir and not os.path.isabs(run_dir):
-            run_dir = os.path.join(ROOT, run_dir)
-        return self.proc.returncode, out, err, run_dir
-
-    def kill(self):
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.communicate()
+from sim.testing import ROOT, NodeProcess, write_node_config  # noqa: F401  (re-exported for the tests)
 
 
 class Robot:
@@ -189,7 +128,7 @@ def start_node(tmp_path, model, extra="", args=(), transport="ipc"):
     """A node on endpoints private to ``tmp_path``; returns (NodeProcess, config path).
     Nodes started here are listed in STARTED_NODES (see reap_nodes)."""
     cfg = os.path.join(str(tmp_path), "node.toml")
-    write_config(cfg, str(tmp_path), transport, extra)
+    write_node_config(cfg, str(tmp_path), extra, transport)
     node = NodeProcess(cfg, model, *args)
     STARTED_NODES.append(node)
     return node, cfg
@@ -263,18 +202,18 @@ DIAG_RACE = "number of non-zero array elements changed"
 
 
 def stop_node(node, sig=None, timeout=15.0):
-    """``node.stop()`` that recognises a known node bug: when the diagnostics thread has died on the
-    histogram race (stats.describe_hist reading a histogram the loop writes), the node no longer sees
-    SIGTERM. Then the node is killed and the calling test is marked xfail with the evidence (see
-    tests/test_reliability.py::test_diagnostics_error_does_not_disable_sigterm; fixed in 8187681)."""
+    """``node.stop()`` that names a known failure: if the node ignores SIGTERM because its diagnostics
+    thread died on the histogram race (fixed in 8187681, see
+    tests/test_reliability.py::test_diagnostics_error_does_not_disable_sigterm), the node is killed and
+    the calling test fails with that evidence."""
     import pytest
-    import signal as _signal
+    import signal
     try:
-        return node.stop(sig or _signal.SIGTERM, timeout=timeout)
+        return node.stop(sig or signal.SIGTERM, timeout=timeout)
     except subprocess.TimeoutExpired:
         node.proc.kill()
-        out, err = node.proc.communicate()
+        _, err = node.proc.communicate()
         if DIAG_RACE in (err or ""):
-            pytest.xfail("BUG: the node's diagnostics thread died (RuntimeError: " + DIAG_RACE +
-                         " in stats.describe_hist), so SIGTERM was ignored")
+            pytest.fail("regression: the node's diagnostics thread died (RuntimeError: " + DIAG_RACE +
+                        " in stats.describe_hist), so SIGTERM was ignored")
         raise

@@ -262,10 +262,6 @@ def test_unknown_topic():
 # ------------------------------------------------------------------------------ real node
 
 def test_top_hz_echo_against_real_node(tmp_path):
-    try:
-        import control_node.verbs.run  # noqa: F401
-    except ModuleNotFoundError as e:
-        pytest.skip(f"the node is not built yet: control_node.verbs.run is not importable ({e})")
     cfg = tcp_config(tmp_path, tap=False)
     node = subprocess.Popen([PY, "-m", "control_node", "run", "--config", cfg, "--duration", "8", "--cpu", "none",
                              "--run-dir", tmp_path / "run"], cwd=ROOT, stdout=subprocess.PIPE,

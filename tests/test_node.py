@@ -13,7 +13,7 @@ import msgpack
 import numpy as np
 import pytest
 
-from nodeutil import ROOT, Robot, start_node, write_config
+from nodeutil import ROOT, Robot, start_node, write_node_config
 
 
 def start(tmp_path, model, transport="ipc", extra="", args=()):
@@ -205,7 +205,7 @@ def test_bad_config_fails_naming_the_field(tmp_path, iris_model_path, text, fiel
 
 def test_safe_action_outside_the_model_fails(tmp_path, iris_model_path):
     cfg = tmp_path / "n.toml"
-    write_config(cfg, tmp_path, extra="[watchdog]\nsafe_action = 7\n")
+    write_node_config(cfg, tmp_path, extra="[watchdog]\nsafe_action = 7\n")
     r = _run_cli("run", "--config", cfg, "--model", iris_model_path, "--duration", "1")
     assert r.returncode == 2 and "watchdog.safe_action" in r.stderr
 
@@ -216,7 +216,7 @@ def test_bad_model_fails_naming_the_field(tmp_path, iris_model_path):
     bad = tmp_path / "bad.npz"
     np.savez(bad, **data)
     cfg = tmp_path / "n.toml"
-    write_config(cfg, tmp_path)
+    write_node_config(cfg, tmp_path)
     r = _run_cli("run", "--config", cfg, "--model", bad, "--duration", "1")
     assert r.returncode == 2 and "field 'scale'" in r.stderr and "Traceback" not in r.stderr
     r = _run_cli("run", "--config", cfg, "--model", tmp_path / "missing.npz", "--duration", "1")
@@ -228,7 +228,7 @@ def test_bad_model_fails_naming_the_field(tmp_path, iris_model_path):
 def test_runs_degraded_without_rt_privileges_and_says_so(tmp_path, iris_model_path):
     """Without CAP_SYS_NICE and with a tiny RLIMIT_MEMLOCK the node still runs and reports what it lacked."""
     cfg = tmp_path / "n.toml"
-    write_config(cfg, tmp_path)
+    write_node_config(cfg, tmp_path)
     r = subprocess.run(["setpriv", "--bounding-set=-sys_nice,-ipc_lock", "--inh-caps=-sys_nice,-ipc_lock",
                         "prlimit", "--memlock=65536", sys.executable, "-m", "control_node", "run", "--config", cfg,
                         "--model", iris_model_path, "--duration", "0.5", "--run-dir", tmp_path / "run"],

@@ -8,14 +8,9 @@ import time
 
 import pytest
 
-from sim.testing import ROOT, Node, child_env, make_endpoint_dir, write_node_config
+from sim.testing import ROOT, NodeProcess, child_env, make_endpoint_dir, run_cli as cn, write_node_config
 
 MODEL = os.path.join(ROOT, "models", "iris.npz")
-
-
-def cn(*args, timeout=60):
-    return subprocess.run([sys.executable, "-m", "control_node", *map(str, args)], cwd=ROOT, env=child_env(),
-                          capture_output=True, text=True, timeout=timeout)
 
 
 def start_recorder(config, out, *extra):
@@ -31,8 +26,9 @@ def start_recorder(config, out, *extra):
 def setup(tmp_path_factory):
     d = tmp_path_factory.mktemp("rec")
     ep = make_endpoint_dir()
-    cfg = write_node_config(d / "node.toml", ep)
-    node = Node(cfg, MODEL, d / "node")
+    cfg = d / "node.toml"
+    write_node_config(cfg, ep)
+    node = NodeProcess(cfg, MODEL, "--run-dir", d / "node")
     rec = start_recorder(cfg, d / "rec.mcap")
     r = cn("sim", "gauss", "--duration", 1.5, "--noise", 0.3, "--seed", 3, "--tap", "--config", cfg,
            "--run-dir", d / "sim")
@@ -73,8 +69,9 @@ def test_replay_verify_other_model_reports_mismatches(setup, tmp_path):
     other = tmp_path / "other.npz"
     export_verified(train_iris(hidden=(2,), seed=11, epochs=15), str(other))
     ep = make_endpoint_dir()
-    cfg = write_node_config(tmp_path / "node2.toml", ep)
-    with Node(cfg, other, tmp_path / "node2"):
+    cfg = tmp_path / "node2.toml"
+    write_node_config(cfg, ep)
+    with NodeProcess(cfg, other, "--run-dir", tmp_path / "node2"):
         r = cn("replay", setup["mcap"], "--verify", "--config", cfg, "--run-dir", tmp_path / "rp")
     assert r.returncode == 1, r.stdout + r.stderr
     assert "mismatch seq " in r.stdout

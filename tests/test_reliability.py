@@ -60,7 +60,7 @@ def finish(p, sig=signal.SIGINT, timeout=15):
 #   stats.describe_hist() runs np.flatnonzero on the live histogram the nogil loop writes; a bucket going 0 ->
 #   1 meanwhile makes numpy raise RuntimeError('number of non-zero array elements changed during function
 #   execution.'): a node under CPU contention then ignored SIGTERM (tests/nodeutil.py stop_node recognises
-#   this and xfails the calling test)
+#   this and fails the calling test with that evidence)
 def test_diagnostics_error_does_not_disable_sigterm(monkeypatch):
     from control_node import node as node_mod
     from control_node import stats

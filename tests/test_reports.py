@@ -5,7 +5,6 @@ import base64
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -451,10 +450,6 @@ def test_cli_error_is_message_not_traceback(tmp_path):
 
 def test_real_node_run_report(tmp_path):
     """A real short node run with the simulator, laid out as a launch dir (node/ + sim/), reported."""
-    try:
-        import control_node.verbs.run  # noqa: F401
-    except ModuleNotFoundError as e:
-        pytest.skip(f"the node is not built yet: control_node.verbs.run is not importable ({e})")
     import socket
     ports = []
     for _ in range(3):
@@ -470,12 +465,7 @@ def test_real_node_run_report(tmp_path):
                             stderr=subprocess.STDOUT, text=True, env=os.environ)
     try:
         time.sleep(0.7)
-        sim = None
-        try:
-            import control_node.verbs.sim  # noqa: F401
-            sim = cli("sim", "--config", cfg, "--duration", "1", "--run-dir", launch / "sim", timeout=60)
-        except ModuleNotFoundError:
-            pass
+        sim = cli("sim", "--config", cfg, "--duration", "1", "--run-dir", launch / "sim", timeout=60)
         node_out, _ = node.communicate(timeout=60)
     finally:
         if node.poll() is None:
@@ -483,19 +473,16 @@ def test_real_node_run_report(tmp_path):
             node.wait()
     assert node.returncode == 0, node_out
     assert str(launch / "node") in node_out  # the node prints its run dir
-    if sim is not None and sim.returncode != 0:
-        shutil.rmtree(launch / "sim", ignore_errors=True)
-        pytest.fail("sim failed: " + sim.stdout + sim.stderr)
+    assert sim.returncode == 0, "sim failed: " + sim.stdout + sim.stderr
     r2 = cli("report", launch, "--out", tmp_path / "rep", "--json")
     assert r2.returncode == 0, r2.stderr
     doc = json.loads(r2.stdout)
     node = doc["runs"][0]["node"]
     assert node["cycles"] > 1000
-    if node["ring"]["complete"]:
-        with np.load(Path(node["path"]) / "cycles.npz") as z:
-            assert node["stats"]["wake_latency_ns"]["p99"] == float(np.percentile(z["wake_latency_ns"], 99))
-            assert node["stats"]["cycle_time_ns"]["max"] == z["cycle_time_ns"].max()
-    if sim is not None:
-        assert doc["runs"][0]["sim"]["stats"]["round_trip_ns"]["count"] > 0
+    assert node["ring"]["complete"]          # 3 s of cycles fit the default 600k-cycle ring
+    with np.load(Path(node["path"]) / "cycles.npz") as z:
+        assert node["stats"]["wake_latency_ns"]["p99"] == float(np.percentile(z["wake_latency_ns"], 99))
+        assert node["stats"]["cycle_time_ns"]["max"] == z["cycle_time_ns"].max()
+    assert doc["runs"][0]["sim"]["stats"]["round_trip_ns"]["count"] > 0
     for f in ("report.html", "wake_latency.hgrm", "timeline.png"):
         assert (tmp_path / "rep" / f).is_file(), f

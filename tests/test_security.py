@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import zmq
 
-from nodeutil import ROOT, NodeProcess, Robot, write_config
+from nodeutil import ROOT, NodeProcess, Robot, write_node_config
 
 from control_node import security
 from control_node.config import load_config
@@ -72,7 +72,7 @@ def curve_for(keys, client):
 def curve_node(tmp_path, iris_model_path):
     keys = make_keys(str(tmp_path))
     cfg = tmp_path / "node.toml"
-    write_config(cfg, tmp_path, "tcp", "[watchdog]\nstale_after_ms = 2000.0\n" + security_toml(keys))
+    write_node_config(cfg, tmp_path, "[watchdog]\nstale_after_ms = 2000.0\n" + security_toml(keys), transport="tcp")
     node = NodeProcess(cfg, iris_model_path)
     yield node, keys, cfg
     node.kill()
@@ -167,7 +167,7 @@ def test_readable_server_secret_refused(tmp_path, iris_model_path, mode):
     keys = make_keys(str(tmp_path))
     os.chmod(keys["node_secret"], mode)
     cfg = tmp_path / "node.toml"
-    write_config(cfg, tmp_path, "tcp", security_toml(keys))
+    write_node_config(cfg, tmp_path, security_toml(keys), transport="tcp")
     err = run_node_expect_refusal(cfg, iris_model_path)
     assert keys["node_secret"] in err and f"chmod 600 {keys['node_secret']}" in err
     assert "security.server_secret_key" in err
@@ -177,7 +177,7 @@ def test_readable_client_secret_refused(tmp_path):
     keys = make_keys(str(tmp_path))
     os.chmod(keys["robot_secret"], 0o644)
     cfg = tmp_path / "node.toml"
-    write_config(cfg, tmp_path, "tcp", security_toml(keys))
+    write_node_config(cfg, tmp_path, security_toml(keys), transport="tcp")
     with pytest.raises(UserError, match="chmod 600"):
         security.client_curve(load_config(str(cfg)))
     r = subprocess.run([sys.executable, "-m", "control_node", "sim", "--config", str(cfg), "--duration", "0.1"],
@@ -188,7 +188,7 @@ def test_readable_client_secret_refused(tmp_path):
 def test_writable_allow_list_and_empty_allow_list_refused(tmp_path, iris_model_path):
     keys = make_keys(str(tmp_path))
     cfg = tmp_path / "node.toml"
-    write_config(cfg, tmp_path, "tcp", security_toml(keys))
+    write_node_config(cfg, tmp_path, security_toml(keys), transport="tcp")
     os.chmod(keys["allowed"], 0o777)
     assert "chmod 755" in run_node_expect_refusal(cfg, iris_model_path)
     os.chmod(keys["allowed"], 0o700)
@@ -198,7 +198,7 @@ def test_writable_allow_list_and_empty_allow_list_refused(tmp_path, iris_model_p
 
 def test_curve_needs_key_paths(tmp_path):
     cfg = tmp_path / "node.toml"
-    write_config(cfg, tmp_path, "tcp", "[security]\ncurve = true\n")
+    write_node_config(cfg, tmp_path, "[security]\ncurve = true\n", transport="tcp")
     with pytest.raises(ConfigError) as e:
         load_config(str(cfg))
     assert e.value.field == "security.server_secret_key" and "control-node keys" in str(e.value)
@@ -206,7 +206,7 @@ def test_curve_needs_key_paths(tmp_path):
 
 def test_non_loopback_plaintext_tcp_refused(tmp_path, iris_model_path):
     cfg = tmp_path / "node.toml"
-    eps = write_config(cfg, tmp_path, "tcp")
+    eps = write_node_config(cfg, tmp_path, transport="tcp")
     text = cfg.read_text().replace(eps["action"], "tcp://0.0.0.0:" + eps["action"].rsplit(":", 1)[1])
     cfg.write_text(text)
     err = run_node_expect_refusal(cfg, iris_model_path)
@@ -223,7 +223,7 @@ def test_wide_ipc_dir_refused(tmp_path, iris_model_path):
     ep_dir.mkdir()
     os.chmod(ep_dir, 0o755)
     cfg = tmp_path / "node.toml"
-    write_config(cfg, ep_dir, "ipc")
+    write_node_config(cfg, ep_dir)
     err = run_node_expect_refusal(cfg, iris_model_path)
     assert str(ep_dir) in err and f"chmod 700 {ep_dir}" in err
     assert not any(p.is_socket() for p in ep_dir.iterdir())

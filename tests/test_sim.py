@@ -1,32 +1,26 @@
 """Simulator against the real node (`control-node run`), real processes and ipc sockets."""
 import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
-from sim.testing import ROOT, Node, child_env, make_endpoint_dir, write_node_config
+from sim.testing import ROOT, NodeProcess, make_endpoint_dir, run_cli as cn, write_node_config
 
 MODEL = os.path.join(ROOT, "models", "iris.npz")
-
-
-def cn(*args, timeout=60):
-    return subprocess.run([sys.executable, "-m", "control_node", *map(str, args)], cwd=ROOT, env=child_env(),
-                          capture_output=True, text=True, timeout=timeout)
 
 
 @pytest.fixture(scope="module")
 def node(tmp_path_factory):
     d = tmp_path_factory.mktemp("simnode")
     ep = make_endpoint_dir()
-    cfg = write_node_config(d / "node.toml", ep)
-    n = Node(cfg, MODEL, d / "node")
+    cfg = d / "node.toml"
+    write_node_config(cfg, ep)
+    n = NodeProcess(cfg, MODEL, "--run-dir", d / "node")
     n.config, n.tmp = cfg, d
     yield n
-    out = n.stop()
-    assert "run directory:" in out
+    rc, out, err, run_dir = n.stop()
+    assert rc == 0 and run_dir == str(d / "node"), out + err
 
 
 def test_iris_lockstep_accuracy_equals_predict_batch(node, tmp_path):
@@ -79,7 +73,8 @@ def test_gauss_stream_is_reproducible():
 
 def test_sim_without_node_fails_cleanly(tmp_path):
     ep = make_endpoint_dir()
-    cfg = write_node_config(tmp_path / "node.toml", ep)
+    cfg = tmp_path / "node.toml"
+    write_node_config(cfg, ep)
     r = cn("sim", "iris", "--timeout", 0.5, "--config", cfg, "--run-dir", tmp_path / "sim")
     assert r.returncode == 2
     assert "no answer from a node" in r.stderr
