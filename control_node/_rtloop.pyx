@@ -353,13 +353,32 @@ cdef class RtLoop:
             return last_action[0] if (self.hold_last and last_action[0] >= 0) else self.safe_action
         return last_action[0]
 
+    cdef inline void _cycle(self, int64_t tick, int64_t wake_lat, int64_t t_wake, int64_t period, int got,
+                            uint64_t seq, bint have_seq, int64_t tns, int64_t *last_rx, int *last_action,
+                            bint *last_safe, bint *stale_state) noexcept nogil:
+        """The cycle after the read: decide (update), publish (write), then time and record it.
+        A cycle misses its deadline when it publishes later than deadline_ns after ``tick``."""
+        cdef uint8_t flags = FLAG_REJECTED if got & 2 else 0
+        cdef int64_t t_recv = now_ns()
+        cdef int action = self._decide(got, t_wake, last_rx, last_action, last_safe, stale_state, &flags)
+        cdef int64_t t_infer = now_ns()
+        self._publish(seq, have_seq, tns, action, flags & FLAG_SAFE)
+        cdef int64_t t_pub = now_ns()
+        if t_pub - tick > self.deadline_ns:
+            self.deadline_misses += 1
+            flags |= FLAG_MISS
+        if not have_seq:
+            flags |= FLAG_NO_FRAME_YET
+        self._record(tick, wake_lat, t_wake, t_recv, t_infer, t_pub, period,
+                     # input age only where the policy acted on a frame (not for safe actions)
+                     (t_wake - tns) if (tns >= 0 and not (flags & FLAG_SAFE)) else -1, flags, action, seq)
+
     cdef void _run_timer_clock(self) noexcept nogil:
-        cdef int64_t k = 0, tick, t_wake, t_recv, t_infer, t_pub, prev_wake = 0, now, k_next
+        cdef int64_t k = 0, tick, t_wake, prev_wake = 0, now, k_next
         cdef int64_t tns = -1, last_rx = 0, wake_lat, period
         cdef uint64_t seq = 0
         cdef bint have_seq = False, last_safe = True, stale_state = True
-        cdef int last_action = -1, got, action
-        cdef uint8_t flags
+        cdef int last_action = -1, got
         while not self.stop_flag:
             if self.max_cycles > 0 and self.cycles >= self.max_cycles:
                 break
@@ -377,23 +396,9 @@ cdef class RtLoop:
             wake_lat = t_wake - tick
             period = t_wake - prev_wake if prev_wake else self.period_ns
             prev_wake = t_wake
-            flags = 0
             got = self._drain(&seq, &tns, &have_seq, stale_state)
-            if got & 2:
-                flags |= FLAG_REJECTED
-            t_recv = now_ns()
-            action = self._decide(got, t_wake, &last_rx, &last_action, &last_safe, &stale_state, &flags)
-            t_infer = now_ns()
-            self._publish(seq, have_seq, tns, action, flags & FLAG_SAFE)
-            t_pub = now_ns()
-            if t_pub - tick > self.deadline_ns:
-                self.deadline_misses += 1
-                flags |= FLAG_MISS
-            if not have_seq:
-                flags |= FLAG_NO_FRAME_YET
-            self._record(tick, wake_lat, t_wake, t_recv, t_infer, t_pub, period,
-                         # input age only where the policy acted on a frame (not for safe actions)
-                         (t_wake - tns) if (tns >= 0 and not (flags & FLAG_SAFE)) else -1, flags, action, seq)
+            self._cycle(tick, wake_lat, t_wake, period, got, seq, have_seq, tns,
+                        &last_rx, &last_action, &last_safe, &stale_state)
             k += 1
             if self.catch_up_skip:
                 # every tick that already passed is skipped, and each one is a miss
@@ -407,13 +412,12 @@ cdef class RtLoop:
     cdef void _run_sensor_clock(self) noexcept nogil:
         """One cycle per frame arrival; the safe action every stale_after while none comes."""
         cdef zmq_pollitem_t item
-        cdef int64_t t_wake, t_recv, t_infer, t_pub, prev_wake = 0, period
+        cdef int64_t t_wake, prev_wake = 0, period
         cdef int64_t tns = -1, last_rx = 0
         cdef uint64_t seq = 0
         cdef bint have_seq = False, last_safe = True, stale_state = True
-        cdef int last_action = -1, got, action, rc
+        cdef int last_action = -1, got, rc
         cdef long timeout_ms = max(<long> 1, <long> (self.stale_after_ns // 1000000))
-        cdef uint8_t flags
         item.socket = self.sub
         item.fd = 0
         item.events = ZMQ_POLLIN
@@ -423,28 +427,14 @@ cdef class RtLoop:
             item.revents = 0
             rc = self.z_poll(&item, 1, timeout_ms)
             t_wake = now_ns()
-            flags = 0
-            got = 0
-            if rc > 0:
-                got = self._drain(&seq, &tns, &have_seq, stale_state)
-                if got & 2:
-                    flags |= FLAG_REJECTED
+            got = self._drain(&seq, &tns, &have_seq, stale_state) if rc > 0 else 0
             if not (got & 1) and last_rx != 0 and t_wake - last_rx <= self.stale_after_ns:
                 continue        # nothing valid to answer and not stale yet
             period = t_wake - prev_wake if prev_wake else 0
             prev_wake = t_wake
-            t_recv = now_ns()
-            action = self._decide(got, t_wake, &last_rx, &last_action, &last_safe, &stale_state, &flags)
-            t_infer = now_ns()
-            self._publish(seq, have_seq, tns, action, flags & FLAG_SAFE)
-            t_pub = now_ns()
-            if t_pub - t_wake > self.deadline_ns:
-                self.deadline_misses += 1
-                flags |= FLAG_MISS
-            if not have_seq:
-                flags |= FLAG_NO_FRAME_YET
-            self._record(t_wake, -1, t_wake, t_recv, t_infer, t_pub, period,
-                         (t_wake - tns) if (got & 1) else -1, flags, action, seq)
+            # the frame's arrival is the tick: no wake-up lateness to measure
+            self._cycle(t_wake, -1, t_wake, period, got, seq, have_seq, tns,
+                        &last_rx, &last_action, &last_safe, &stale_state)
 
 
 def decode_frame(bytes frame, int n_features):
