@@ -35,6 +35,7 @@ cdef extern from "mlp_core.h" nogil:
         const float *b[MLP_MAX_LAYERS]
         float *act[MLP_MAX_LAYERS + 1]
 
+    int mlp_small_shape(int n_layers, int n_in, int n_hidden, int n_out, int itemsize)
     void mlp_f64_init(mlp_f64 *m)
     void mlp_f32_init(mlp_f32 *m)
     const char *mlp_isa()

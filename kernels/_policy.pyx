@@ -33,8 +33,8 @@ def _choose_dot_form(int n_in, int n_out, int itemsize):
     axpy: every input is broadcast (~1/2) and scales a padded output row
     (n_in x padded-outputs FMAs); dot: a padded dot product per output, outputs
     padded to one vector, plus a transpose-and-add tree (~2 per output vector).
-    Narrow heads (16 -> 3) come out dot, wide layers axpy; ties go to dot, which
-    the small-shape kernels need.
+    Narrow heads (16 -> 3) come out dot, wide layers axpy, ties dot. (Small
+    one-hidden-layer policies skip this: see ``mlp_small_shape``.)
     """
     cdef int lanes = 32 // itemsize, block = BLOCK_BYTES // itemsize
     axpy = n_in * (_pad(n_out, block) // lanes) + n_in / 2
@@ -78,10 +78,13 @@ cdef class Policy:
         arrays += acts
         cdef Py_ssize_t l
         cdef cnp.ndarray Wp, bp, act
+        itemsize = np.dtype(dtype).itemsize
+        # small one-hidden-layer policies run compile-time-shaped kernels that take this layout
+        small = mlp_small_shape(n_layers, dims[0], dims[1], dims[n_layers], itemsize)
         for l in range(n_layers):
             W, b = spec.layers[l]
             n_in, n_out = W.shape
-            dot = _choose_dot_form(n_in, n_out, np.dtype(dtype).itemsize)
+            dot = (l == 1) if small else _choose_dot_form(n_in, n_out, itemsize)
             if dot:     # rows padded to 32 bytes (zero rows): outputs go a vector at a time
                 Wp = _aligned_zeros(_pad(n_out, lanes // 2) * _pad(n_in, lanes), dtype)
                 Wp.reshape(_pad(n_out, lanes // 2), _pad(n_in, lanes))[:n_out, :n_in] = W.T

@@ -6,7 +6,9 @@
  *
  * Layout (set up once by kernels/_policy.pyx, never changed afterwards):
  *   act[0]      normalised input, padded to pdims[0] lanes (pad lanes stay 0)
- *   act[l + 1]  output of dense layer l, padded to pdims[l + 1] (pad lanes stay 0)
+ *   act[l + 1]  output of dense layer l, padded to pdims[l + 1] (pad lanes stay 0 for finite
+ *               inputs; an infinite one can make them NaN (inf * 0), which can only turn the
+ *               answer into -1, never into a class)
  *   W[l]        "axpy" form (dot_form[l] == 0): (pdims[l], pdims[l+1]) row-major,
  *               so one input value scales one contiguous row of outputs;
  *               "dot" form (dot_form[l] == 1): (dims[l+1] rounded up to 32 bytes,
@@ -77,28 +79,33 @@ MLP_INLINE void NAME##_axpy_nb##NB(const T *restrict in, int n_in,              
 /* Transpose-and-sum: c[k] holds output k's partial sums across the lanes; returns the
  * vector whose lane k is the sum of c[k]. log2(lanes) levels, each pairing lanes of two
  * vectors with two shuffles and one add, so L outputs cost L - 1 adds, not L * (L - 1). */
-#define MLP_SH(a, b, ...) __builtin_shuffle((a), (b), (__VA_ARGS__))
+/* MLP_SH(VI, a, b, i0, i1, ...): lanes of a (0..L-1) and b (L..2L-1), picked by constant indices. */
+#if defined(__clang__) || (defined(__GNUC__) && __GNUC__ >= 12)
+#define MLP_SH(VI, a, b, ...) __builtin_shufflevector((a), (b), __VA_ARGS__)
+#else
+#define MLP_SH(VI, a, b, ...) __builtin_shuffle((a), (b), (VI){__VA_ARGS__})
+#endif
 #define MLP_TSUM_2(VT, VI, NAME)                                                      \
 MLP_INLINE VT NAME##_tsum(const VT *c) {                                              \
-    return MLP_SH(c[0], c[1], (VI){0, 2}) + MLP_SH(c[0], c[1], (VI){1, 3});           \
+    return MLP_SH(VI, c[0], c[1], 0, 2) + MLP_SH(VI, c[0], c[1], 1, 3);               \
 }
 #define MLP_TSUM_4(VT, VI, NAME)                                                      \
 MLP_INLINE VT NAME##_tsum(const VT *c) {                                              \
-    const VT t0 = MLP_SH(c[0], c[1], (VI){0, 4, 2, 6}) + MLP_SH(c[0], c[1], (VI){1, 5, 3, 7}); \
-    const VT t1 = MLP_SH(c[2], c[3], (VI){0, 4, 2, 6}) + MLP_SH(c[2], c[3], (VI){1, 5, 3, 7}); \
-    return MLP_SH(t0, t1, (VI){0, 1, 4, 5}) + MLP_SH(t0, t1, (VI){2, 3, 6, 7});       \
+    const VT t0 = MLP_SH(VI, c[0], c[1], 0, 4, 2, 6) + MLP_SH(VI, c[0], c[1], 1, 5, 3, 7); \
+    const VT t1 = MLP_SH(VI, c[2], c[3], 0, 4, 2, 6) + MLP_SH(VI, c[2], c[3], 1, 5, 3, 7); \
+    return MLP_SH(VI, t0, t1, 0, 1, 4, 5) + MLP_SH(VI, t0, t1, 2, 3, 6, 7);           \
 }
 #define MLP_TSUM_8(VT, VI, NAME)                                                      \
 MLP_INLINE VT NAME##_tsum(const VT *c) {                                              \
     VT t[4], u[2];                                                                    \
     for (int i = 0; i < 4; i++)                                                       \
-        t[i] = MLP_SH(c[2 * i], c[2 * i + 1], (VI){0, 8, 2, 10, 4, 12, 6, 14})        \
-             + MLP_SH(c[2 * i], c[2 * i + 1], (VI){1, 9, 3, 11, 5, 13, 7, 15});       \
+        t[i] = MLP_SH(VI, c[2 * i], c[2 * i + 1], 0, 8, 2, 10, 4, 12, 6, 14)          \
+             + MLP_SH(VI, c[2 * i], c[2 * i + 1], 1, 9, 3, 11, 5, 13, 7, 15);         \
     for (int i = 0; i < 2; i++)                                                       \
-        u[i] = MLP_SH(t[2 * i], t[2 * i + 1], (VI){0, 1, 8, 9, 4, 5, 12, 13})         \
-             + MLP_SH(t[2 * i], t[2 * i + 1], (VI){2, 3, 10, 11, 6, 7, 14, 15});      \
-    return MLP_SH(u[0], u[1], (VI){0, 1, 2, 3, 8, 9, 10, 11})                         \
-         + MLP_SH(u[0], u[1], (VI){4, 5, 6, 7, 12, 13, 14, 15});                      \
+        u[i] = MLP_SH(VI, t[2 * i], t[2 * i + 1], 0, 1, 8, 9, 4, 5, 12, 13)           \
+             + MLP_SH(VI, t[2 * i], t[2 * i + 1], 2, 3, 10, 11, 6, 7, 14, 15);        \
+    return MLP_SH(VI, u[0], u[1], 0, 1, 2, 3, 8, 9, 10, 11)                           \
+         + MLP_SH(VI, u[0], u[1], 4, 5, 6, 7, 12, 13, 14, 15);                        \
 }
 
 #define MLP_STRUCT(T, NAME)                                                           \
@@ -303,17 +310,19 @@ static void NAME##_forward_batch##SFX##_s##NIN##_##P1(NAME *m, const double *X, 
         default: return 0;                                                            \
     }
 
-/* Instances: float64 with hidden padded to 8/16/32 and up to 8 classes; float32 with
+/* Instances: float64 with hidden padded to 8/16/24/32 and up to 8 classes; float32 with
  * hidden padded to 16/32 and up to 16 classes. Returns 1 when m got a small kernel. */
 #define MLP_SMALL_ALL(VD, VL, VF, VIF, LD, LF, SFX)                                    \
     MLP_SMALL_NIN(double, VD, VL, VD, LD, mlp_f64, SFX, LD, 8, 4)                     \
     MLP_SMALL_NIN(double, VD, VL, VD, LD, mlp_f64, SFX, LD, 16, 4)                    \
+    MLP_SMALL_NIN(double, VD, VL, VD, LD, mlp_f64, SFX, LD, 24, 4)                    \
     MLP_SMALL_NIN(double, VD, VL, VD, LD, mlp_f64, SFX, LD, 32, 4)                    \
     MLP_SMALL_NIN(float, VF, VIF, VD, LD, mlp_f32, SFX, LF, 16, 8)                    \
     MLP_SMALL_NIN(float, VF, VIF, VD, LD, mlp_f32, SFX, LF, 32, 8)                    \
 static int mlp_f64_pick_small##SFX(mlp_f64 *m) {                                      \
     if (m->pdims[1] == 8) { MLP_SMALL_SWITCH(mlp_f64, SFX, 8) }                       \
     if (m->pdims[1] == 16) { MLP_SMALL_SWITCH(mlp_f64, SFX, 16) }                     \
+    if (m->pdims[1] == 24) { MLP_SMALL_SWITCH(mlp_f64, SFX, 24) }                     \
     if (m->pdims[1] == 32) { MLP_SMALL_SWITCH(mlp_f64, SFX, 32) }                     \
     return 0;                                                                         \
 }                                                                                     \
@@ -323,10 +332,14 @@ static int mlp_f32_pick_small##SFX(mlp_f32 *m) {                                
     return 0;                                                                         \
 }
 
-/* The shape test shared by both dtypes: an axpy hidden layer, a dot-form head of at most
- * 2 x HO classes (64 bytes), <= 8 inputs. */
-#define MLP_SMALL_FITS(m, HO) ((m)->n_layers == 2 && !(m)->dot_form[0] && (m)->dot_form[1] \
-                               && (m)->dims[0] <= 8 && (m)->dims[2] <= 2 * (HO))
+/* The small-kernel shape rule, also used by kernels/_policy.pyx to lay such policies out as
+ * an axpy hidden layer and a dot head: one hidden layer, <= 8 inputs, <= 32 hidden units,
+ * classes in 64 bytes (8 float64 / 16 float32). */
+static inline int mlp_small_shape(int n_layers, int n_in, int n_hidden, int n_out, int itemsize) {
+    return n_layers == 2 && n_in <= 8 && n_hidden <= 32 && n_out * itemsize <= MLP_BLOCK_BYTES;
+}
+#define MLP_SMALL_FITS(m) (mlp_small_shape((m)->n_layers, (m)->dims[0], (m)->dims[1], (m)->dims[2], \
+                                               (int)sizeof(**(m)->W)) && !(m)->dot_form[0] && (m)->dot_form[1])
 
 /* x86 MAXPD/MAXPS return the second operand when either is NaN: max(0, v) keeps NaN. */
 #define MLP_RELU_MAXPD256(v) __builtin_ia32_maxpd256((mlp_v4d){0}, (v))
@@ -351,8 +364,8 @@ typedef int32_t mlp_v8i __attribute__((vector_size(32)));
 MLP_KERNELS(double, mlp_v4d, mlp_v4l, mlp_f64, 4, _one, MLP_RELU_V4D)
 MLP_KERNELS(float, mlp_v8f, mlp_v8i, mlp_f32, 8, _one, MLP_RELU_V8F)
 MLP_SMALL_ALL(mlp_v4d, mlp_v4l, mlp_v8f, mlp_v8i, 4, 8, _one)
-#define MLP_PICK(NAME, m, HO) do { (m)->forward = NAME##_forward_one; (m)->forward_batch = NAME##_forward_batch_one; \
-    (m)->chain = NAME##_chain_one; if (MLP_SMALL_FITS(m, HO)) NAME##_pick_small_one(m); } while (0)
+#define MLP_PICK(NAME, m) do { (m)->forward = NAME##_forward_one; (m)->forward_batch = NAME##_forward_batch_one; \
+    (m)->chain = NAME##_chain_one; if (MLP_SMALL_FITS(m)) NAME##_pick_small_one(m); } while (0)
 static const char *mlp_isa(void) {
 #if defined(MLP_NATIVE)
     return "native";
@@ -372,8 +385,12 @@ MLP_KERNELS(double, mlp_v2d, mlp_v2l, mlp_f64, 2, _sse2, MLP_RELU_MAXPD)
 MLP_KERNELS(float, mlp_v4f, mlp_v4i, mlp_f32, 4, _sse2, MLP_RELU_MAXPS)
 MLP_SMALL_ALL(mlp_v2d, mlp_v2l, mlp_v4f, mlp_v4i, 2, 4, _sse2)
 
+#if defined(__clang__)
+#pragma clang attribute push (__attribute__((target("avx,avx2,fma"))), apply_to = function)
+#else
 #pragma GCC push_options
 #pragma GCC target("arch=x86-64-v3")
+#endif
 typedef double mlp_v4d __attribute__((vector_size(32)));
 typedef int64_t mlp_v4l __attribute__((vector_size(32)));
 typedef float mlp_v8f __attribute__((vector_size(32)));
@@ -381,7 +398,11 @@ typedef int32_t mlp_v8i __attribute__((vector_size(32)));
 MLP_KERNELS(double, mlp_v4d, mlp_v4l, mlp_f64, 4, _avx2, MLP_RELU_MAXPD256)
 MLP_KERNELS(float, mlp_v8f, mlp_v8i, mlp_f32, 8, _avx2, MLP_RELU_MAXPS256)
 MLP_SMALL_ALL(mlp_v4d, mlp_v4l, mlp_v8f, mlp_v8i, 4, 8, _avx2)
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
 #pragma GCC pop_options
+#endif
 
 /* CONTROL_NODE_ISA=sse2 forces the baseline copy (to test it on an AVX2 machine). */
 static int mlp_has_avx2(void) {
@@ -390,20 +411,20 @@ static int mlp_has_avx2(void) {
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 }
-#define MLP_PICK(NAME, m, HO) do {                                                 \
+#define MLP_PICK(NAME, m) do {                                                 \
     if (mlp_has_avx2()) { (m)->forward = NAME##_forward_avx2;                         \
         (m)->forward_batch = NAME##_forward_batch_avx2; (m)->chain = NAME##_chain_avx2; \
-        if (MLP_SMALL_FITS(m, HO)) NAME##_pick_small_avx2(m); }                    \
+        if (MLP_SMALL_FITS(m)) NAME##_pick_small_avx2(m); }                    \
     else { (m)->forward = NAME##_forward_sse2;                                        \
         (m)->forward_batch = NAME##_forward_batch_sse2; (m)->chain = NAME##_chain_sse2; \
-        if (MLP_SMALL_FITS(m, HO)) NAME##_pick_small_sse2(m); }                    \
+        if (MLP_SMALL_FITS(m)) NAME##_pick_small_sse2(m); }                    \
 } while (0)
 static const char *mlp_isa(void) { return mlp_has_avx2() ? "avx2+fma" : "sse2"; }
 #endif
 
 /* Choose the kernels for this CPU and shape; call once after filling every field. */
-static void mlp_f64_init(mlp_f64 *m) { MLP_PICK(mlp_f64, m, 4); }
-static void mlp_f32_init(mlp_f32 *m) { MLP_PICK(mlp_f32, m, 8); }
+static void mlp_f64_init(mlp_f64 *m) { MLP_PICK(mlp_f64, m); }
+static void mlp_f32_init(mlp_f32 *m) { MLP_PICK(mlp_f32, m); }
 
 /* The entry points the rest of the code calls. */
 static inline int mlp_f64_forward(mlp_f64 *m, const double *x) { return m->forward(m, x); }

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from kernels import ConsistencyError, Policy, check_consistency, reference_logits
 from kernels.reference import RTOL, random_inputs
+from conftest import random_spec
 
 DTYPES = ["float64", "float32"]
 
@@ -289,6 +290,24 @@ def test_consistency_error_on_mismatched_spec(make_spec):
         check_consistency(policy, other)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_small_shape_kernels_cover_their_range_and_match_reference(dtype):
+    """One hidden layer, <= 8 inputs, <= 32 hidden units, classes in 64 bytes run the compile-time-
+    shaped kernels (head groups of 32 bytes: one or two); the shapes just outside run the generic ones."""
+    max_out = 64 // np.dtype(dtype).itemsize
+    seen = set()
+    for n_in in (1, 4, 8, 9):
+        for hidden in (1, 5, 8, 9, 16, 17, 32, 33):
+            for n_out in (1, 2, 3, 4, 5, 8, 9, 16, 17):
+                spec = random_spec([n_in, hidden, n_out], dtype=dtype, seed=n_in * 1000 + hidden * 20 + n_out)
+                policy = Policy(spec)
+                small = n_in <= 8 and hidden <= 32 and n_out <= max_out
+                assert policy.kernel == ("specialised" if small else "generic"), (n_in, hidden, n_out)
+                assert_matches_reference(policy, spec, random_inputs(spec, 40, seed=n_out))
+                seen.add(policy.kernel)
+    assert seen == {"specialised", "generic"}
+
+
 def test_baseline_sse2_copy_matches_reference():
     """The SSE2 copy (old CPUs) is forced with CONTROL_NODE_ISA=sse2 and checked like the AVX2 one."""
     import subprocess
@@ -297,7 +316,7 @@ def test_baseline_sse2_copy_matches_reference():
         "import numpy as np\n"
         "from kernels import Policy, check_consistency\n"
         "from conftest import random_spec\n"
-        "for sizes in ([4, 16, 3], [4, 13, 3], [7, 32, 5], [3, 70, 9], [12, 200, 3], [4, 16, 16, 3]):\n"
+        "for sizes in ([4, 16, 3], [4, 13, 3], [7, 32, 5], [8, 9, 8], [3, 70, 9], [12, 200, 3], [4, 16, 16, 3]):\n"
         "    for dtype in ('float64', 'float32'):\n"
         "        spec = random_spec(sizes, dtype=dtype, seed=len(sizes))\n"
         "        p = Policy(spec)\n"
@@ -308,5 +327,5 @@ def test_baseline_sse2_copy_matches_reference():
     r = subprocess.run([sys.executable, "-c", code], cwd=os.path.dirname(__file__), env=env,
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.count(" ok") == 12
+    assert r.stdout.count(" ok") == 14
     assert "specialised" in r.stdout and "generic" in r.stdout     # both kinds of kernel were exercised
