@@ -49,10 +49,10 @@
  * the stack with mixed-width stores and reloads, and the failed store-to-load
  * forwarding costs more than the arithmetic. One VT is one register (32 bytes
  * with AVX2, 16 with SSE2); NB counts them. */
-#define MLP_AXPY_NB(T, VT, VI, NAME, NB, SETS)                                        \
-MLP_INLINE void NAME##_axpy_nb##NB(const T *restrict in, int n_in,                   \
-                                   const T *restrict W, int stride,                  \
-                                   const T *restrict b, T *restrict out, int relu) { \
+#define MLP_AXPY_NB(T, VT, NAME, NB, SETS)                                            \
+MLP_INLINE void NAME##_axpy_nb##NB(const T *restrict in, int n_in,                    \
+                                   const T *restrict W, int stride,                   \
+                                   const T *restrict b, T *restrict out, int relu) {  \
     VT acc0[NB], acc1[NB];                                                            \
     for (int q = 0; q < NB; q++) { acc0[q] = ((const VT *)b)[q]; acc1[q] = (VT){0}; } \
     int i = 0;                                                                        \
@@ -110,7 +110,7 @@ MLP_INLINE VT NAME##_tsum(const VT *c) {                                        
 
 #define MLP_STRUCT(T, NAME)                                                           \
 typedef struct NAME##_s NAME;                                                         \
-struct NAME##_s {                                                                      \
+struct NAME##_s {                                                                     \
     int n_layers;                         /* dense layers: hidden + output */         \
     int dims[MLP_MAX_LAYERS + 1];         /* true widths; dims[0] = features */       \
     int pdims[MLP_MAX_LAYERS + 1];        /* widths rounded up to 64 bytes */         \
@@ -121,29 +121,29 @@ struct NAME##_s {                                                               
     const T *b[MLP_MAX_LAYERS];                                                       \
     T *act[MLP_MAX_LAYERS + 1];                                                       \
     int specialised;                      /* 1: a small-shape kernel was chosen */    \
-    int (*forward)(NAME *, const double *);     /* chosen by NAME##_init */          \
+    int (*forward)(NAME *, const double *);     /* chosen by NAME##_init */           \
     void (*forward_batch)(NAME *, const double *, ptrdiff_t, ptrdiff_t, int64_t *);   \
     int64_t (*chain)(NAME *, const double *, ptrdiff_t, ptrdiff_t, ptrdiff_t);        \
 };
 
-#define MLP_KERNELS(T, VT, VI, NAME, BLK, SFX, RELU)                                \
+#define MLP_KERNELS(T, VT, VI, NAME, BLK, SFX, RELU)                                  \
 /* ReLU as one max instruction where the ISA has it (RELU), else by mask; either */   \
 /* way v < 0 becomes 0 and a NaN stays NaN, so a broken input cannot look valid. */   \
-MLP_INLINE VT NAME##SFX##_relu(VT v) { return RELU(v); }                             \
+MLP_INLINE VT NAME##SFX##_relu(VT v) { return RELU(v); }                              \
 /* axpy form, NB blocks of BLK outputs at once: accumulators stay in registers. */ \
 /* NB <= 2 keeps two accumulator sets (even/odd inputs) to halve the FMA chain. */  \
-MLP_AXPY_NB(T, VT, VI, NAME##SFX, 1, 2)                                                    \
-MLP_AXPY_NB(T, VT, VI, NAME##SFX, 2, 2)                                                    \
-MLP_AXPY_NB(T, VT, VI, NAME##SFX, 3, 1)                                                    \
-MLP_AXPY_NB(T, VT, VI, NAME##SFX, 4, 1)                                                    \
-MLP_TSUM_##BLK(VT, VI, NAME##SFX)                                                    \
+MLP_AXPY_NB(T, VT, NAME##SFX, 1, 2)                                                   \
+MLP_AXPY_NB(T, VT, NAME##SFX, 2, 2)                                                   \
+MLP_AXPY_NB(T, VT, NAME##SFX, 3, 1)                                                   \
+MLP_AXPY_NB(T, VT, NAME##SFX, 4, 1)                                                   \
+MLP_TSUM_##BLK(VT, VI, NAME##SFX)                                                     \
                                                                                       \
-MLP_INLINE void NAME##SFX##_layer_axpy(const T *restrict in, int n_in,                    \
-                                  const T *restrict W, const T *restrict b,          \
-                                  T *restrict out, int pn_out, int relu) {           \
+MLP_INLINE void NAME##SFX##_layer_axpy(const T *restrict in, int n_in,                \
+                                  const T *restrict W, const T *restrict b,           \
+                                  T *restrict out, int pn_out, int relu) {            \
     int j0 = 0;                                                                       \
     for (; pn_out - j0 >= 4 * BLK; j0 += 4 * BLK)                                     \
-        NAME##SFX##_axpy_nb4(in, n_in, W + j0, pn_out, b + j0, out + j0, relu);            \
+        NAME##SFX##_axpy_nb4(in, n_in, W + j0, pn_out, b + j0, out + j0, relu);       \
     switch ((pn_out - j0) / BLK) {                                                    \
     case 3: NAME##SFX##_axpy_nb3(in, n_in, W + j0, pn_out, b + j0, out + j0, relu); break; \
     case 2: NAME##SFX##_axpy_nb2(in, n_in, W + j0, pn_out, b + j0, out + j0, relu); break; \
@@ -156,9 +156,9 @@ MLP_INLINE void NAME##SFX##_layer_axpy(const T *restrict in, int n_in,          
 /* the outer loop, so BLK independent FMA chains overlap); the BLK vectors are then */ \
 /* transposed and added in one shuffle tree. Wt has its rows padded to 32 bytes */    \
 /* (zero rows), so whole groups never read past it. */                               \
-MLP_INLINE void NAME##SFX##_layer_dot(const T *restrict in, int pn_in,                    \
-                                 const T *restrict Wt, const T *restrict b,          \
-                                 T *restrict out, int n_out, int relu) {             \
+MLP_INLINE void NAME##SFX##_layer_dot(const T *restrict in, int pn_in,                \
+                                 const T *restrict Wt, const T *restrict b,           \
+                                 T *restrict out, int n_out, int relu) {              \
     const VT *xv = (const VT *)in;                                                    \
     const int nb = pn_in / BLK;                                                       \
     for (int j0 = 0; j0 < n_out; j0 += BLK) {                                         \
@@ -176,7 +176,7 @@ MLP_INLINE void NAME##SFX##_layer_dot(const T *restrict in, int pn_in,          
 /* Argmax of n_out logits (first maximum, as numpy), or -1 when any is NaN or +-Inf. */ \
 /* Branch-free: a mispredicted compare per sample would cost more than the whole */  \
 /* forward pass and stop consecutive samples from overlapping. */                    \
-MLP_INLINE int NAME##SFX##_argmax(const T *z, int n_out) {                           \
+MLP_INLINE int NAME##SFX##_argmax(const T *z, int n_out) {                            \
     int best = 0;                                                                     \
     T best_v = z[0];                                                                  \
     int finite = (z[0] - z[0]) == 0;   /* false for NaN and +-Inf */                  \
@@ -192,7 +192,7 @@ MLP_INLINE int NAME##SFX##_argmax(const T *z, int n_out) {                      
                                                                                       \
 /* Forward pass for one sample. Returns the argmax (first maximum, as numpy), or */  \
 /* -1 when any logit is NaN or infinite: the caller must then act safely. */         \
-MLP_INLINE int NAME##SFX##_forward_inline(NAME *m, const double *x) {                     \
+MLP_INLINE int NAME##SFX##_forward_inline(NAME *m, const double *x) {                 \
     T *a0 = m->act[0];                                                                \
     const int n0 = m->dims[0];                                                        \
     for (int i = 0; i < n0; i++) a0[i] = (T)((x[i] - m->mean[i]) / m->scale[i]);      \
@@ -200,34 +200,34 @@ MLP_INLINE int NAME##SFX##_forward_inline(NAME *m, const double *x) {           
     for (int l = 0; l < L; l++) {                                                     \
         const int relu = l + 1 < L;                                                   \
         if (m->dot_form[l])                                                           \
-            NAME##SFX##_layer_dot(m->act[l], m->pdims[l], m->W[l], m->b[l],                \
+            NAME##SFX##_layer_dot(m->act[l], m->pdims[l], m->W[l], m->b[l],           \
                              m->act[l + 1], m->dims[l + 1], relu);                    \
         else                                                                          \
-            NAME##SFX##_layer_axpy(m->act[l], m->dims[l], m->W[l], m->b[l],                \
+            NAME##SFX##_layer_axpy(m->act[l], m->dims[l], m->W[l], m->b[l],           \
                               m->act[l + 1], m->pdims[l + 1], relu);                  \
     }                                                                                 \
     return NAME##SFX##_argmax(m->act[L], m->dims[L]);                                 \
 }                                                                                     \
                                                                                       \
 static int NAME##_forward##SFX(NAME *m, const double *x) {                            \
-    return NAME##SFX##_forward_inline(m, x);                                               \
+    return NAME##SFX##_forward_inline(m, x);                                          \
 }                                                                                     \
                                                                                       \
 /* Rows of X (n, dims[0]) with a row stride in doubles; out receives n argmaxes. */  \
 static void NAME##_forward_batch##SFX(NAME *m, const double *X, ptrdiff_t n,          \
-                                     ptrdiff_t row_stride, int64_t *out) {           \
+                                     ptrdiff_t row_stride, int64_t *out) {            \
     for (ptrdiff_t r = 0; r < n; r++)                                                 \
-        out[r] = NAME##SFX##_forward_inline(m, X + r * row_stride);                        \
+        out[r] = NAME##SFX##_forward_inline(m, X + r * row_stride);                   \
 }                                                                                     \
                                                                                       \
 /* Latency probe: each input row is chosen by the previous answer, so sample k+1 */  \
 /* cannot start before sample k ends. Returns a checksum that keeps it all live. */  \
 static int64_t NAME##_chain##SFX(NAME *m, const double *X, ptrdiff_t n_rows,          \
-                                ptrdiff_t row_stride, ptrdiff_t iters) {             \
+                                ptrdiff_t row_stride, ptrdiff_t iters) {              \
     int64_t sum = 0;                                                                  \
     ptrdiff_t row = 0;                                                                \
     for (ptrdiff_t k = 0; k < iters; k++) {                                           \
-        int a = m->forward(m, X + row * row_stride);   /* what the node calls */       \
+        int a = m->forward(m, X + row * row_stride);   /* what the node calls */      \
         sum += a;                                                                     \
         row += 1 + a;                                                                 \
         if (row >= n_rows) row -= n_rows;                                             \
@@ -244,9 +244,9 @@ static int64_t NAME##_chain##SFX(NAME *m, const double *X, ptrdiff_t n_rows,    
  * Normalisation runs on double vectors VD of LD lanes over mean/scale padded to 64 bytes
  * (pad lanes mean 0, scale 1); layer 1 is axpy (W rows of P1), the head is dot form (rows of
  * P1, padded to HO = 32 bytes of outputs) reduced with NAME##SFX##_tsum, one or two HO groups. */
-#define MLP_SMALL(T, VT, VI, VD, LD, NAME, SFX, LANES, NIN, P1, HO)                    \
-MLP_INLINE int NAME##SFX##_s##NIN##_##P1##_inline(NAME *m, const double *x) {        \
-    enum { NBH = P1 / LANES, NBD = (NIN + LD - 1) / LD };                              \
+#define MLP_SMALL(T, VT, VD, LD, NAME, SFX, LANES, NIN, P1, HO)                       \
+MLP_INLINE int NAME##SFX##_s##NIN##_##P1##_inline(NAME *m, const double *x) {         \
+    enum { NBH = P1 / LANES, NBD = (NIN + LD - 1) / LD };                             \
     const T *restrict W1 = m->W[0], *restrict Wt = m->W[1];                           \
     VD xn[NBD];                                                                       \
     for (int q = 0; q < NBD; q++) xn[q] = (VD){0};                                    \
@@ -264,7 +264,7 @@ MLP_INLINE int NAME##SFX##_s##NIN##_##P1##_inline(NAME *m, const double *x) {   
         for (int q = 0; q < NBH; q++) h[q] += xi * w[q];                              \
     }                                                                                 \
     for (int q = 0; q < NBH; q++) h[q] = NAME##SFX##_relu(h[q]);                      \
-    T *restrict z = m->act[2];                       /* logits() reads them here */    \
+    T *restrict z = m->act[2];                       /* logits() reads them here */   \
     const int groups = (m->dims[2] + HO - 1) / HO * (HO / LANES);   /* 1 or 2 x HO */ \
     for (int g = 0; g < groups; g++) {                                                \
         VT acc[LANES];                                                                \
@@ -278,28 +278,28 @@ MLP_INLINE int NAME##SFX##_s##NIN##_##P1##_inline(NAME *m, const double *x) {   
     }                                                                                 \
     return NAME##SFX##_argmax(z, m->dims[2]);                                         \
 }                                                                                     \
-static int NAME##_forward##SFX##_s##NIN##_##P1(NAME *m, const double *x) {           \
+static int NAME##_forward##SFX##_s##NIN##_##P1(NAME *m, const double *x) {            \
     return NAME##SFX##_s##NIN##_##P1##_inline(m, x);                                  \
 }                                                                                     \
-static void NAME##_forward_batch##SFX##_s##NIN##_##P1(NAME *m, const double *X,      \
+static void NAME##_forward_batch##SFX##_s##NIN##_##P1(NAME *m, const double *X,       \
                                    ptrdiff_t n, ptrdiff_t row_stride, int64_t *out) { \
     for (ptrdiff_t r = 0; r < n; r++)                                                 \
         out[r] = NAME##SFX##_s##NIN##_##P1##_inline(m, X + r * row_stride);           \
 }
 
-#define MLP_SMALL_NIN(T, VT, VI, VD, LD, NAME, SFX, LANES, P1, HO)                    \
-    MLP_SMALL(T, VT, VI, VD, LD, NAME, SFX, LANES, 1, P1, HO)                         \
-    MLP_SMALL(T, VT, VI, VD, LD, NAME, SFX, LANES, 2, P1, HO)                         \
-    MLP_SMALL(T, VT, VI, VD, LD, NAME, SFX, LANES, 3, P1, HO)                         \
-    MLP_SMALL(T, VT, VI, VD, LD, NAME, SFX, LANES, 4, P1, HO)                         \
-    MLP_SMALL(T, VT, VI, VD, LD, NAME, SFX, LANES, 5, P1, HO)                         \
-    MLP_SMALL(T, VT, VI, VD, LD, NAME, SFX, LANES, 6, P1, HO)                         \
-    MLP_SMALL(T, VT, VI, VD, LD, NAME, SFX, LANES, 7, P1, HO)                         \
-    MLP_SMALL(T, VT, VI, VD, LD, NAME, SFX, LANES, 8, P1, HO)
+#define MLP_SMALL_NIN(T, VT, VD, LD, NAME, SFX, LANES, P1, HO)                        \
+    MLP_SMALL(T, VT, VD, LD, NAME, SFX, LANES, 1, P1, HO)                             \
+    MLP_SMALL(T, VT, VD, LD, NAME, SFX, LANES, 2, P1, HO)                             \
+    MLP_SMALL(T, VT, VD, LD, NAME, SFX, LANES, 3, P1, HO)                             \
+    MLP_SMALL(T, VT, VD, LD, NAME, SFX, LANES, 4, P1, HO)                             \
+    MLP_SMALL(T, VT, VD, LD, NAME, SFX, LANES, 5, P1, HO)                             \
+    MLP_SMALL(T, VT, VD, LD, NAME, SFX, LANES, 6, P1, HO)                             \
+    MLP_SMALL(T, VT, VD, LD, NAME, SFX, LANES, 7, P1, HO)                             \
+    MLP_SMALL(T, VT, VD, LD, NAME, SFX, LANES, 8, P1, HO)
 
 #define MLP_SMALL_CASE(NAME, SFX, NIN, P1)                                            \
     case NIN: m->forward = NAME##_forward##SFX##_s##NIN##_##P1;                       \
-              m->forward_batch = NAME##_forward_batch##SFX##_s##NIN##_##P1;            \
+              m->forward_batch = NAME##_forward_batch##SFX##_s##NIN##_##P1;           \
               m->specialised = 1; return 1;
 #define MLP_SMALL_SWITCH(NAME, SFX, P1)                                               \
     switch (m->dims[0]) {                                                             \
@@ -312,13 +312,13 @@ static void NAME##_forward_batch##SFX##_s##NIN##_##P1(NAME *m, const double *X, 
 
 /* Instances: float64 with hidden padded to 8/16/24/32 and up to 8 classes; float32 with
  * hidden padded to 16/32 and up to 16 classes. Returns 1 when m got a small kernel. */
-#define MLP_SMALL_ALL(VD, VL, VF, VIF, LD, LF, SFX)                                    \
-    MLP_SMALL_NIN(double, VD, VL, VD, LD, mlp_f64, SFX, LD, 8, 4)                     \
-    MLP_SMALL_NIN(double, VD, VL, VD, LD, mlp_f64, SFX, LD, 16, 4)                    \
-    MLP_SMALL_NIN(double, VD, VL, VD, LD, mlp_f64, SFX, LD, 24, 4)                    \
-    MLP_SMALL_NIN(double, VD, VL, VD, LD, mlp_f64, SFX, LD, 32, 4)                    \
-    MLP_SMALL_NIN(float, VF, VIF, VD, LD, mlp_f32, SFX, LF, 16, 8)                    \
-    MLP_SMALL_NIN(float, VF, VIF, VD, LD, mlp_f32, SFX, LF, 32, 8)                    \
+#define MLP_SMALL_ALL(VD, VF, LD, LF, SFX)                                            \
+    MLP_SMALL_NIN(double, VD, VD, LD, mlp_f64, SFX, LD, 8, 4)                         \
+    MLP_SMALL_NIN(double, VD, VD, LD, mlp_f64, SFX, LD, 16, 4)                        \
+    MLP_SMALL_NIN(double, VD, VD, LD, mlp_f64, SFX, LD, 24, 4)                        \
+    MLP_SMALL_NIN(double, VD, VD, LD, mlp_f64, SFX, LD, 32, 4)                        \
+    MLP_SMALL_NIN(float, VF, VD, LD, mlp_f32, SFX, LF, 16, 8)                         \
+    MLP_SMALL_NIN(float, VF, VD, LD, mlp_f32, SFX, LF, 32, 8)                         \
 static int mlp_f64_pick_small##SFX(mlp_f64 *m) {                                      \
     if (m->pdims[1] == 8) { MLP_SMALL_SWITCH(mlp_f64, SFX, 8) }                       \
     if (m->pdims[1] == 16) { MLP_SMALL_SWITCH(mlp_f64, SFX, 16) }                     \
@@ -363,7 +363,7 @@ typedef int32_t mlp_v8i __attribute__((vector_size(32)));
 #endif
 MLP_KERNELS(double, mlp_v4d, mlp_v4l, mlp_f64, 4, _one, MLP_RELU_V4D)
 MLP_KERNELS(float, mlp_v8f, mlp_v8i, mlp_f32, 8, _one, MLP_RELU_V8F)
-MLP_SMALL_ALL(mlp_v4d, mlp_v4l, mlp_v8f, mlp_v8i, 4, 8, _one)
+MLP_SMALL_ALL(mlp_v4d, mlp_v8f, 4, 8, _one)
 #define MLP_PICK(NAME, m) do { (m)->forward = NAME##_forward_one; (m)->forward_batch = NAME##_forward_batch_one; \
     (m)->chain = NAME##_chain_one; if (MLP_SMALL_FITS(m)) NAME##_pick_small_one(m); } while (0)
 static const char *mlp_isa(void) {
@@ -383,7 +383,7 @@ typedef int32_t mlp_v4i __attribute__((vector_size(16)));
 #define MLP_RELU_MAXPS(v) __builtin_ia32_maxps((mlp_v4f){0}, (v))
 MLP_KERNELS(double, mlp_v2d, mlp_v2l, mlp_f64, 2, _sse2, MLP_RELU_MAXPD)
 MLP_KERNELS(float, mlp_v4f, mlp_v4i, mlp_f32, 4, _sse2, MLP_RELU_MAXPS)
-MLP_SMALL_ALL(mlp_v2d, mlp_v2l, mlp_v4f, mlp_v4i, 2, 4, _sse2)
+MLP_SMALL_ALL(mlp_v2d, mlp_v4f, 2, 4, _sse2)
 
 #if defined(__clang__)
 #pragma clang attribute push (__attribute__((target("avx,avx2,fma"))), apply_to = function)
@@ -397,7 +397,7 @@ typedef float mlp_v8f __attribute__((vector_size(32)));
 typedef int32_t mlp_v8i __attribute__((vector_size(32)));
 MLP_KERNELS(double, mlp_v4d, mlp_v4l, mlp_f64, 4, _avx2, MLP_RELU_MAXPD256)
 MLP_KERNELS(float, mlp_v8f, mlp_v8i, mlp_f32, 8, _avx2, MLP_RELU_MAXPS256)
-MLP_SMALL_ALL(mlp_v4d, mlp_v4l, mlp_v8f, mlp_v8i, 4, 8, _avx2)
+MLP_SMALL_ALL(mlp_v4d, mlp_v8f, 4, 8, _avx2)
 #if defined(__clang__)
 #pragma clang attribute pop
 #else
@@ -411,13 +411,13 @@ static int mlp_has_avx2(void) {
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 }
-#define MLP_PICK(NAME, m) do {                                                 \
+#define MLP_PICK(NAME, m) do {                                                        \
     if (mlp_has_avx2()) { (m)->forward = NAME##_forward_avx2;                         \
         (m)->forward_batch = NAME##_forward_batch_avx2; (m)->chain = NAME##_chain_avx2; \
-        if (MLP_SMALL_FITS(m)) NAME##_pick_small_avx2(m); }                    \
+        if (MLP_SMALL_FITS(m)) NAME##_pick_small_avx2(m); }                           \
     else { (m)->forward = NAME##_forward_sse2;                                        \
         (m)->forward_batch = NAME##_forward_batch_sse2; (m)->chain = NAME##_chain_sse2; \
-        if (MLP_SMALL_FITS(m)) NAME##_pick_small_sse2(m); }                    \
+        if (MLP_SMALL_FITS(m)) NAME##_pick_small_sse2(m); }                           \
 } while (0)
 static const char *mlp_isa(void) { return mlp_has_avx2() ? "avx2+fma" : "sse2"; }
 #endif

@@ -1,0 +1,63 @@
+"""The kernel's other builds, compiled for real in a scratch copy and checked against the numpy
+reference: the opt-in native build (CONTROL_NODE_NATIVE=1, one -march=native copy) and a clang build
+of the default dispatching one. The default gcc build is what every other test runs."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+CHECK = """
+import sys
+sys.path[:0] = [{copy!r}, {tests!r}]
+import kernels
+assert kernels.__file__.startswith({copy!r}), kernels.__file__
+from kernels import Policy, check_consistency
+from conftest import random_spec
+for sizes in ([4, 16, 3], [4, 13, 3], [8, 24, 8], [7, 32, 5], [12, 200, 3], [1000, 9, 2], [4, 16, 16, 3]):
+    for dtype in ("float64", "float32"):
+        spec = random_spec(sizes, dtype=dtype, seed=len(sizes))
+        p = Policy(spec)
+        check_consistency(p, spec, n_random=500)
+        print(sizes, dtype, p.isa, p.kernel, "ok")
+"""
+
+
+def build_and_check(tmp_path, env_extra):
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    for name in ("setup.py", "pyproject.toml", "README.md"):
+        shutil.copy(os.path.join(ROOT, name), copy / name)
+    for pkg in ("kernels", "control_node"):
+        shutil.copytree(os.path.join(ROOT, pkg), copy / pkg,
+                        ignore=shutil.ignore_patterns("*.so", "*.c", "__pycache__", "*.html"))
+    env = dict(os.environ, **env_extra)
+    b = subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace"], cwd=copy, env=env,
+                       capture_output=True, text=True, timeout=600)
+    assert b.returncode == 0, b.stdout[-3000:] + b.stderr[-3000:]
+    r = subprocess.run([sys.executable, "-c", CHECK.format(copy=str(copy), tests=os.path.join(ROOT, "tests"))],
+                       cwd=copy, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.count(" ok") == 14, r.stdout
+    so = next((copy / "kernels").glob("_policy*.so"))
+    compilers = subprocess.run(["readelf", "-p", ".comment", str(so)], capture_output=True, text=True).stdout
+    return r.stdout, compilers
+
+
+def test_native_build_matches_reference(tmp_path):
+    out, _ = build_and_check(tmp_path, {"CONTROL_NODE_NATIVE": "1"})
+    assert " native " in out and "specialised" in out and "generic" in out
+
+
+@pytest.mark.skipif(not (shutil.which("clang") or shutil.which("clang-14")),
+                    reason="no clang on PATH (apt-get install clang; .ci/run installs it when root)")
+def test_clang_build_matches_reference(tmp_path):
+    cc = shutil.which("clang") or shutil.which("clang-14")
+    out, compilers = build_and_check(tmp_path, {"CC": cc, "LDSHARED": f"{cc} -shared"})
+    assert "specialised" in out and "generic" in out
+    assert "clang" in compilers, compilers            # the extension really was compiled by clang
