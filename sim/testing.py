@@ -19,6 +19,20 @@ def make_endpoint_dir():
     return tempfile.mkdtemp(prefix="pytest-cn-", dir="/tmp")
 
 
+def free_tcp_ports(n):
+    """``n`` distinct free loopback TCP ports. All are held bound until every one is chosen: a port
+    released at once can be handed straight out again, giving two endpoints the same port."""
+    import socket
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
 def write_node_config(path, ep_dir, extra="", transport="ipc"):
     """Write a node config whose endpoints are private: ipc sockets in ``ep_dir``, or free loopback tcp
     ports; runs go to ``ep_dir/runs``. ``extra`` is appended TOML. Returns the endpoints by name."""
@@ -26,13 +40,7 @@ def write_node_config(path, ep_dir, extra="", transport="ipc"):
     if transport == "ipc":
         eps = {k: f"ipc://{ep_dir}/{k}" for k in names}
     else:
-        import zmq
-        eps = {}
-        for k in names:
-            s = zmq.Context.instance().socket(zmq.PUB)
-            port = s.bind_to_random_port("tcp://127.0.0.1")
-            s.close(linger=0)
-            eps[k] = f"tcp://127.0.0.1:{port}"
+        eps = {k: f"tcp://127.0.0.1:{port}" for k, port in zip(names, free_tcp_ports(len(names)))}
     with open(path, "w") as f:
         f.write("[endpoints]\n" + "".join(f'{k} = "{v}"\n' for k, v in eps.items())
                 + f'[node]\nrun_root = "{ep_dir}/runs"\n' + extra)

@@ -7,7 +7,6 @@ import pty
 import re
 import select
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -20,6 +19,7 @@ import pytest
 import zmq
 
 from control_node import monitor
+from sim.testing import free_tcp_ports
 
 ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
@@ -80,18 +80,12 @@ def cli(*args, timeout=60):
                           cwd=ROOT, timeout=timeout, env=ENV)
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def tcp_config(tmp_path, tap=True) -> Path:
     """A node config whose endpoints are private TCP ports (no clash with other nodes on this host).
 
     The node's config loader does not know ``sensor_tap`` (only clients read it), so tap=False for the node.
     """
-    p = [free_port() for _ in range(4)]
+    p = free_tcp_ports(4)
     cfg = tmp_path / "node.toml"
     cfg.write_text(f'[endpoints]\nsensor = "tcp://127.0.0.1:{p[0]}"\naction = "tcp://127.0.0.1:{p[1]}"\n'
                    f'diagnostics = "tcp://127.0.0.1:{p[2]}"\n'
@@ -147,7 +141,7 @@ def test_top_once_against_real_pub():
 
 
 def test_top_once_times_out_with_message():
-    r = cli("top", "--endpoint", f"tcp://127.0.0.1:{free_port()}", "--once", "--timeout", "0.5")
+    r = cli("top", "--endpoint", f"tcp://127.0.0.1:{free_tcp_ports(1)[0]}", "--once", "--timeout", "0.5")
     assert r.returncode == 2
     assert "Traceback" not in r.stderr
     assert "no diagnostics from" in r.stderr and "is the node running" in r.stderr

@@ -450,12 +450,8 @@ def test_cli_error_is_message_not_traceback(tmp_path):
 
 def test_real_node_run_report(tmp_path):
     """A real short node run with the simulator, laid out as a launch dir (node/ + sim/), reported."""
-    import socket
-    ports = []
-    for _ in range(3):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            ports.append(s.getsockname()[1])
+    from sim.testing import free_tcp_ports
+    ports = free_tcp_ports(3)
     cfg = tmp_path / "node.toml"  # private TCP endpoints: no clash with other nodes on this host
     cfg.write_text("[endpoints]\n" + "".join(f'{k} = "tcp://127.0.0.1:{p}"\n'
                                              for k, p in zip(("sensor", "action", "diagnostics"), ports)))
