@@ -44,6 +44,12 @@ SCHEMA = {
         "gc_freeze": (True, bool, "true or false"),
         "cpu_dma_latency": (True, bool, "true or false"),
     },
+    # what the report's verdict holds the run to (control-node report: PASS / FAIL)
+    "budget": {
+        "wake_latency_p99_us": (10.0, _NUM, "microseconds > 0"),
+        "cycle_time_max_us": (0, _NUM, "microseconds >= 0 (0 = one period)"),
+        "deadline_misses": (0, int, "a count >= 0"),
+    },
     "stats": {
         "ring_cycles": (600000, int, "cycles >= 1000"),
         "diagnostics_hz": (10.0, _NUM, "Hz, 0.1 to 100"),
@@ -146,6 +152,13 @@ def validate(cfg: dict, path="(config)") -> None:
         bad("realtime.cpu", 'use a core number, "last" or "none"')
     if not 1 <= rt["priority"] <= 99:
         bad("realtime.priority", "use 1 to 99")
+    bu = cfg["budget"]
+    if not bu["wake_latency_p99_us"] > 0:
+        bad("budget.wake_latency_p99_us", "use a positive number of microseconds, e.g. 10.0")
+    if bu["cycle_time_max_us"] < 0:
+        bad("budget.cycle_time_max_us", "use 0 (one period) or a positive number of microseconds")
+    if bu["deadline_misses"] < 0:
+        bad("budget.deadline_misses", "use 0 (no miss allowed) or a positive count")
     if st["ring_cycles"] < 1000:
         bad("stats.ring_cycles", "use 1000 or more")
     if not 0.1 <= st["diagnostics_hz"] <= 100:

@@ -54,10 +54,11 @@ def child_env():
     return env
 
 
-def run_cli(*args, timeout=60):
-    """``python -m control_node ARGS`` to completion (CompletedProcess, text, output captured)."""
-    return subprocess.run([sys.executable, "-m", "control_node", *map(str, args)], cwd=ROOT, env=child_env(),
-                          capture_output=True, text=True, timeout=timeout)
+def run_cli(*args, timeout=60, env=None):
+    """``python -m control_node ARGS`` to completion (CompletedProcess, text, output captured);
+    ``env``: extra environment variables, e.g. ``{"COLUMNS": "160"}`` for a wide terminal layout."""
+    return subprocess.run([sys.executable, "-m", "control_node", *map(str, args)], cwd=ROOT,
+                          env={**child_env(), **(env or {})}, capture_output=True, text=True, timeout=timeout)
 
 
 class NodeProcess:

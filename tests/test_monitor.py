@@ -19,7 +19,7 @@ import pytest
 import zmq
 
 from control_node import monitor
-from sim.testing import free_tcp_ports
+from sim.testing import free_tcp_ports, run_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
@@ -76,8 +76,7 @@ class Publisher:
 
 
 def cli(*args, timeout=60):
-    return subprocess.run([PY, "-m", "control_node", *map(str, args)], capture_output=True, text=True,
-                          cwd=ROOT, timeout=timeout, env=ENV)
+    return run_cli(*args, timeout=timeout, env={"COLUMNS": "160"})
 
 
 def tcp_config(tmp_path, tap=True) -> Path:

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from nodeutil import ROOT, Robot, start_node, write_node_config
+from sim.testing import run_cli
 
 
 def start(tmp_path, model, transport="ipc", extra="", args=()):
@@ -44,7 +45,8 @@ def test_actions_equal_policy_predict(tmp_path, iris_model_path, policy, transpo
 
 
 def test_watchdog_trips_and_recovers(tmp_path, iris_model_path, policy):
-    node = start(tmp_path, iris_model_path, extra="[watchdog]\nstale_after_ms = 5.0\nsafe_action = 2\n")
+    node = start(tmp_path, iris_model_path, extra="[watchdog]\nstale_after_ms = 5.0\nsafe_action = 2\n"
+                 "[budget]\nwake_latency_p99_us = 50.0\ndeadline_misses = 3\n")
     robot = Robot(node.endpoints)
     try:
         x_setosa = np.array([5.1, 3.5, 1.4, 0.2])            # iris sample 0, a setosa
@@ -64,6 +66,9 @@ def test_watchdog_trips_and_recovers(tmp_path, iris_model_path, policy):
         rc, out, err, run_dir = node.stop()
     summary = json.load(open(os.path.join(run_dir, "summary.json")))
     assert summary["stale_cycles"] > 0 and summary["safe_actions"] > 0
+    # the config's [budget] reaches the run's summary (cycle time: 0 = one period)
+    assert summary["budget"] == {"wake_latency_p99_ns": 50_000, "cycle_time_max_ns": summary["period_ns"],
+                                 "deadline_misses": 3}
 
 
 def _bad_frames(seq_ok, t):
@@ -180,24 +185,21 @@ def test_sensor_clock_answers_each_frame_once(tmp_path, iris_model_path, policy)
         node.stop()
 
 
-def _run_cli(*args):
-    return subprocess.run([sys.executable, "-m", "control_node", *map(str, args)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=60)
-
-
 @pytest.mark.parametrize("text,field", [
     ('[loop]\nrate_hz = "fast"\n', "loop.rate_hz"),
     ('[loop]\nrat_hz = 500\n', "loop.rat_hz"),
     ('[loop]\nclock = "wall"\n', "loop.clock"),
     ('[watchdog]\nsafe_action = -1\n', "watchdog.safe_action"),
     ('[realtime]\npriority = 120\n', "realtime.priority"),
+    ('[budget]\ndeadline_misses = -1\n', "budget.deadline_misses"),
+    ('[budget]\nwake_latency_p99_us = 0\n', "budget.wake_latency_p99_us"),
     ('[endpoints]\nsensor = "udp://x"\n', "endpoints.sensor"),
     ('[loop\n', "(syntax)"),
 ])
 def test_bad_config_fails_naming_the_field(tmp_path, iris_model_path, text, field):
     cfg = tmp_path / "bad.toml"
     cfg.write_text(text)
-    r = _run_cli("run", "--config", cfg, "--model", iris_model_path, "--duration", "1")
+    r = run_cli("run", "--config", cfg, "--model", iris_model_path, "--duration", "1")
     assert r.returncode == 2
     assert f"field '{field}'" in r.stderr and "Fix:" in r.stderr
     assert "Traceback" not in r.stderr
@@ -206,7 +208,7 @@ def test_bad_config_fails_naming_the_field(tmp_path, iris_model_path, text, fiel
 def test_safe_action_outside_the_model_fails(tmp_path, iris_model_path):
     cfg = tmp_path / "n.toml"
     write_node_config(cfg, tmp_path, extra="[watchdog]\nsafe_action = 7\n")
-    r = _run_cli("run", "--config", cfg, "--model", iris_model_path, "--duration", "1")
+    r = run_cli("run", "--config", cfg, "--model", iris_model_path, "--duration", "1")
     assert r.returncode == 2 and "watchdog.safe_action" in r.stderr
 
 
@@ -217,9 +219,9 @@ def test_bad_model_fails_naming_the_field(tmp_path, iris_model_path):
     np.savez(bad, **data)
     cfg = tmp_path / "n.toml"
     write_node_config(cfg, tmp_path)
-    r = _run_cli("run", "--config", cfg, "--model", bad, "--duration", "1")
+    r = run_cli("run", "--config", cfg, "--model", bad, "--duration", "1")
     assert r.returncode == 2 and "field 'scale'" in r.stderr and "Traceback" not in r.stderr
-    r = _run_cli("run", "--config", cfg, "--model", tmp_path / "missing.npz", "--duration", "1")
+    r = run_cli("run", "--config", cfg, "--model", tmp_path / "missing.npz", "--duration", "1")
     assert r.returncode == 2 and "control-node train" in r.stderr
 
 

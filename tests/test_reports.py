@@ -15,6 +15,7 @@ import pytest
 
 from control_node import reports as R
 from control_node.errors import UserError
+from sim.testing import free_tcp_ports, run_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
@@ -120,8 +121,7 @@ def make_sim_run(d: Path, n=3000, seed=1) -> Path:
 
 
 def cli(*args, timeout=120):
-    return subprocess.run([PY, "-m", "control_node", *map(str, args)], capture_output=True, text=True,
-                          cwd=ROOT, timeout=timeout, env={**os.environ, "COLUMNS": "200"})
+    return run_cli(*args, timeout=timeout, env={"COLUMNS": "200"})
 
 
 # ------------------------------------------------------------------------------ percentiles
@@ -176,6 +176,14 @@ def test_worst_events_and_verdict(tmp_path):
     v2 = R.verdict(run2.node, R.node_stats(run2.node))
     assert v2["ok"], v2["text"]
     assert "wake-up p99" in v2["text"]
+    # a budget that allows misses (the other budgets opened wide): 2 pass a budget of 2, not of 1
+    for allowed, ok in ((2, True), (1, False)):
+        s = json.loads((d / "summary.json").read_text())
+        s["budget"] = {"wake_latency_p99_ns": 10**9, "cycle_time_max_ns": 10**9, "deadline_misses": allowed}
+        (d / "summary.json").write_text(json.dumps(s))
+        run = R.load_run(d)
+        v = R.verdict(run.node, R.node_stats(run.node))
+        assert v["ok"] is ok and f"2 deadline misses {'within' if ok else 'over'} budget {allowed}" in v["text"]
 
 
 # ------------------------------------------------------------------------------ decimation / long runs
@@ -450,7 +458,6 @@ def test_cli_error_is_message_not_traceback(tmp_path):
 
 def test_real_node_run_report(tmp_path):
     """A real short node run with the simulator, laid out as a launch dir (node/ + sim/), reported."""
-    from sim.testing import free_tcp_ports
     ports = free_tcp_ports(3)
     cfg = tmp_path / "node.toml"  # private TCP endpoints: no clash with other nodes on this host
     cfg.write_text("[endpoints]\n" + "".join(f'{k} = "tcp://127.0.0.1:{p}"\n'
