@@ -10,7 +10,7 @@ import msgpack
 import numpy as np
 import zmq
 
-from sim.testing import ROOT, NodeProcess, write_node_config  # noqa: F401  (re-exported for the tests)
+from sim.testing import ROOT, NodeProcess, write_node_config
 
 
 class Robot:

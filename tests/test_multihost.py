@@ -21,7 +21,7 @@ import time
 
 import pytest
 
-from nodeutil import ROOT
+from sim.testing import ROOT
 
 from test_security import make_keys, security_toml
 

@@ -13,8 +13,8 @@ import msgpack
 import numpy as np
 import pytest
 
-from nodeutil import ROOT, Robot, start_node, write_node_config
-from sim.testing import run_cli
+from nodeutil import Robot, start_node
+from sim.testing import ROOT, run_cli, write_node_config
 
 
 def start(tmp_path, model, transport="ipc", extra="", args=()):

@@ -21,8 +21,9 @@ import psutil
 import zmq
 
 from control_node._rtloop import FLAGS
-from nodeutil import (ROOT, ActionCollector, Robot, cli_popen, load_run, start_flood, start_hog,
-                      start_node, stop_node)
+from nodeutil import (ActionCollector, Robot, cli_popen, load_run, start_flood, start_hog, start_node,
+                      stop_node)
+from sim.testing import ROOT
 
 MISS, STALE, SAFE, NEW = FLAGS["miss"], FLAGS["stale"], FLAGS["safe"], FLAGS["new_frame"]
 PERIOD_NS = 1_000_000

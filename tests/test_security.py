@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 import zmq
 
-from nodeutil import ROOT, NodeProcess, Robot, write_node_config
+from nodeutil import Robot
+from sim.testing import ROOT, NodeProcess, write_node_config
 
 from control_node import security
 from control_node.config import load_config
