@@ -217,3 +217,15 @@ def stop_node(node, sig=None, timeout=15.0):
             pytest.fail("regression: the node's diagnostics thread died (RuntimeError: " + DIAG_RACE +
                         " in stats.describe_hist), so SIGTERM was ignored")
         raise
+
+
+def assert_answered_or_superseded(sim_summary, node_summary, share=0.95):
+    """The simulator's frames were answered, or superseded by a newer frame in the same cycle.
+
+    A host stall of the loop (5-20 ms on this VM) lets several frames queue; the node answers the newest
+    and counts the others in its own ``superseded``. Those are explained by the node's record, not lost:
+    the bound is on frames neither answered nor superseded."""
+    sent, answered = sim_summary["frames_sent"], sim_summary["frames_answered"]
+    superseded = node_summary["superseded"]
+    assert answered + superseded >= share * sent, (
+        f"{sent - answered} of {sent} frames unanswered, only {superseded} superseded by the node's count")

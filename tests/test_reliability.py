@@ -21,8 +21,8 @@ import psutil
 import zmq
 
 from control_node._rtloop import FLAGS
-from nodeutil import (ActionCollector, Robot, cli_popen, load_run, start_flood, start_hog, start_node,
-                      stop_node)
+from nodeutil import (ActionCollector, Robot, assert_answered_or_superseded, cli_popen, load_run, start_flood,
+                      start_hog, start_node, stop_node)
 from sim.testing import ROOT
 
 MISS, STALE, SAFE, NEW = FLAGS["miss"], FLAGS["stale"], FLAGS["safe"], FLAGS["new_frame"]
@@ -252,7 +252,7 @@ def test_recorder_and_top_killed_node_does_not_notice(tmp_path, iris_model_path)
     assert misses_near <= 2
     # the simulator, the node's real client, kept being answered through the kill
     sim_summary = json.load(open(tmp_path / "sim" / "summary.json"))
-    assert sim_summary["frames_answered"] >= 0.95 * sim_summary["frames_sent"]
+    assert_answered_or_superseded(sim_summary, summary)
 
 
 def test_subscriber_that_never_reads_does_not_block(tmp_path, iris_model_path):
@@ -287,7 +287,7 @@ def test_subscriber_that_never_reads_does_not_block(tmp_path, iris_model_path):
     assert summary["cycles"] + summary["skipped_ticks"] >= 0.98 * expected - 5
     # PUB drops for a full subscriber queue: nothing fails at the sender (send_failures stays 0)
     assert summary["send_failures"] == 0
-    assert sim_summary["frames_answered"] >= 0.95 * sim_summary["frames_sent"]
+    assert_answered_or_superseded(sim_summary, summary)
 
 
 # ---------------------------------------------------------------- load
