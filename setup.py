@@ -7,6 +7,7 @@ x86-64. CONTROL_NODE_NATIVE=1 builds a single -march=native copy instead (for th
 machine that builds it only: not portable, do not ship it).
 """
 import os
+import shutil
 import sys
 
 import numpy
@@ -22,13 +23,23 @@ if native:
 if sys.platform == "win32":
     cflags = ["/O2", "/openmp:experimental"]
 
+# Cython finds a cimported .pxd by its import name (control_node/kernels/_policy.pxd) on its include
+# path, but the repository keeps it in kernels/ (pyproject maps kernels/ to control_node.kernels).
+# Stage it under its import name in build/ for the compiler; nothing staged is installed.
+STAGE = os.path.join("build", "cython-include")
+_pkg = os.path.join(STAGE, "control_node", "kernels")
+os.makedirs(_pkg, exist_ok=True)
+for _d in (os.path.join(STAGE, "control_node"), _pkg):
+    open(os.path.join(_d, "__init__.pxd"), "a").close()
+shutil.copyfile(os.path.join("kernels", "_policy.pxd"), os.path.join(_pkg, "_policy.pxd"))
+
 extensions = [
-    Extension("kernels._policy", ["kernels/_policy.pyx"], include_dirs=[numpy.get_include(), "kernels"],
-              extra_compile_args=cflags, define_macros=macros),
-    Extension("control_node._rtloop", ["control_node/_rtloop.pyx"],
-              include_dirs=[numpy.get_include(), "kernels", "control_node"],
+    Extension("control_node.kernels._policy", ["kernels/_policy.pyx"],
+              include_dirs=[numpy.get_include(), "kernels"], extra_compile_args=cflags, define_macros=macros),
+    Extension("control_node.loop._rtloop", ["control_node/loop/_rtloop.pyx"],
+              include_dirs=[numpy.get_include(), "kernels", "control_node/loop"],
               extra_compile_args=cflags, define_macros=macros),
 ]
 
-setup(ext_modules=cythonize(extensions, compiler_directives={"language_level": "3"},
-                            compile_time_env={}, quiet=True))
+setup(ext_modules=cythonize(extensions, include_path=[STAGE], compiler_directives={"language_level": "3"},
+                            quiet=True))

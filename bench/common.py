@@ -74,8 +74,8 @@ def machine_info() -> dict:
     except ImportError:
         pass
     try:
-        from kernels._policy import Policy as _P
-        from kernels.model_file import ModelSpec
+        from control_node.kernels._policy import Policy as _P
+        from control_node.kernels.model_file import ModelSpec
         spec = ModelSpec(layers=[(np.zeros((1, 1)), np.zeros(1))], mean=[0.0], scale=[1.0],
                          classes=["a"], feature_names=["x"])
         info["kernel_isa"] = _P(spec).isa

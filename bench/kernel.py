@@ -24,7 +24,7 @@ import warnings
 
 import numpy as np
 
-from bench.common import (LOCK_FILE, calibrate, console, fmt_ns, loop_calls, machine_info, machine_lines,
+from control_node.bench.common import (LOCK_FILE, calibrate, console, fmt_ns, loop_calls, machine_info, machine_lines,
                           markdown_table, print_table, summary, time_round_robin, write_json)
 
 TARGETS = {
@@ -175,7 +175,7 @@ OPTIONAL_PEERS = [("onnxruntime InferenceSession.run", onnxruntime_predict),
 # ---- C-level probes --------------------------------------------------------------------
 def c_level_bodies(policy, spec, target_s, seed=1):
     """Bodies timing predict_batch (independent rows) and _chain (dependent rows), sized to ~target_s."""
-    from kernels.reference import random_inputs
+    from control_node.kernels.reference import random_inputs
     X = random_inputs(spec, 256, seed=seed)
     t0 = time.perf_counter()
     policy.predict_batch(X)
@@ -190,8 +190,8 @@ def c_level_bodies(policy, spec, target_s, seed=1):
 
 # ---- sections ---------------------------------------------------------------------------
 def per_sample(spec, spec32, settings, log):
-    from kernels import Policy
-    from kernels.reference import random_inputs, reference_predict
+    from control_node.kernels import Policy
+    from control_node.kernels.reference import random_inputs, reference_predict
     policy, policy32 = Policy(spec), Policy(spec32)
     x = np.ascontiguousarray(spec.check_X[60] if spec.check_X is not None else random_inputs(spec, 1)[0])
     buf = x.copy()
@@ -247,8 +247,8 @@ def per_sample(spec, spec32, settings, log):
 
 
 def batch_throughput(spec, settings, log):
-    from kernels import Policy
-    from kernels.reference import random_inputs
+    from control_node.kernels import Policy
+    from control_node.kernels.reference import random_inputs
     policy = Policy(spec)
     n = settings["batch_n"]
     X = random_inputs(spec, n, seed=2)
@@ -266,7 +266,7 @@ def batch_throughput(spec, settings, log):
 
 
 def _random_spec(sizes, seed=0):
-    from kernels import ModelSpec
+    from control_node.kernels import ModelSpec
     rng = np.random.default_rng(seed)
     layers = [(rng.normal(0.0, 1.0 / np.sqrt(a), size=(a, b)), rng.normal(0.0, 0.1, size=b))
               for a, b in zip(sizes[:-1], sizes[1:])]
@@ -276,8 +276,8 @@ def _random_spec(sizes, seed=0):
 
 
 def width_sweep(settings, log):
-    from kernels import Policy
-    from kernels.reference import random_inputs
+    from control_node.kernels import Policy
+    from control_node.kernels.reference import random_inputs
     out = []
     for depth in (1, 2):
         for width in settings["sweep_widths"]:
@@ -385,7 +385,7 @@ def main(argv=None) -> int:
         "gc": "disabled while timing",
         "input": "one fixed iris sample for Python-level rows; C level walks random rows",
     }
-    from train.iris import train_iris
+    from control_node.train.iris import train_iris
     t_start = time.perf_counter()
     con = console()
 

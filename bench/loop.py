@@ -22,9 +22,9 @@ import time
 
 import numpy as np
 
-from bench.common import machine_info, machine_lines
+from control_node.bench.common import machine_info, machine_lines
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from control_node.bench.harness import CHILD_CWD  # noqa: E402  (children run outside the source tree)
 PCTS = (50, 99, 99.9)
 
 
@@ -98,14 +98,14 @@ def run_node(duration, model, tmp, clock="timer", feeder=True):
     node = subprocess.Popen(py("control_node", "run", "--config", cfg, "--model", model, "--quiet",
                                "--clock", clock, "--run-dir", run_dir)
                             + (["--duration", str(duration)] if duration else []),
-                            cwd=ROOT, stdout=subprocess.PIPE, text=True)
+                            cwd=CHILD_CWD, stdout=subprocess.PIPE, text=True)
     wait_ready(node)
     return node, eps, run_dir
 
 
 def feed_until_done(proc, eps, duration):
     """Feed a running loop at 1 kHz until it exits by itself after ``duration`` seconds."""
-    feeder = subprocess.Popen(py("bench.peers.feeder", eps["sensor"], "1000", str(duration + 2)), cwd=ROOT)
+    feeder = subprocess.Popen(py("control_node.bench.peers.feeder", eps["sensor"], "1000", str(duration + 2)), cwd=CHILD_CWD)
     proc.communicate(timeout=duration + 60)
     feeder.kill()
     feeder.wait()
@@ -115,8 +115,8 @@ def run_peer_loop(module, model, duration, tmp):
     """A bench.peers loop (pyloop, naive) for ``duration`` s; returns its npz (wake_latency_ns, ...)."""
     cfg, eps = write_config(tmp)
     out = os.path.join(tmp, f"{module}.npz")
-    proc = subprocess.Popen(py(f"bench.peers.{module}", model, eps["sensor"], eps["action"], str(duration), out),
-                            cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(py(f"control_node.bench.peers.{module}", model, eps["sensor"], eps["action"], str(duration), out),
+                            cwd=CHILD_CWD, stdout=subprocess.PIPE, text=True)
     wait_ready(proc)
     feed_until_done(proc, eps, duration)
     return np.load(out)
@@ -151,7 +151,7 @@ def part1(args, tmp, model, cpu):
 
 def rtt(eps, n, tmp, name):
     out = os.path.join(tmp, f"rtt-{name}.npy")
-    subprocess.run(py("bench.peers.rtt_client", eps["sensor"], eps["action"], str(n), out), cwd=ROOT,
+    subprocess.run(py("control_node.bench.peers.rtt_client", eps["sensor"], eps["action"], str(n), out), cwd=CHILD_CWD,
                    check=True, timeout=n / 1000 * 3 + 120)
     v = np.load(out)
     lost = int((v < 0).sum())
@@ -165,8 +165,8 @@ def part2(args, tmp, model):
     rows, raw = {}, {}
     print(f"round trips: echo, node (sensor clock), naive; {n} each ...", flush=True)
     cfg, eps = write_config(tmp)
-    echo = subprocess.Popen(py("bench.peers.echo", eps["sensor"], eps["action"], str(args.rtt_seconds + 60), "--rt"),
-                            cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    echo = subprocess.Popen(py("control_node.bench.peers.echo", eps["sensor"], eps["action"], str(args.rtt_seconds + 60), "--rt"),
+                            cwd=CHILD_CWD, stdout=subprocess.PIPE, text=True)
     wait_ready(echo)
     dma = os.open("/dev/cpu_dma_latency", os.O_WRONLY) if os.access("/dev/cpu_dma_latency", os.W_OK) else None
     if dma is not None:
@@ -183,9 +183,9 @@ def part2(args, tmp, model):
     node.terminate()
     node.communicate(timeout=60)
     cfg, eps = write_config(tmp)
-    naive = subprocess.Popen(py("bench.peers.naive", model, eps["sensor"], eps["action"], str(args.rtt_seconds + 60),
+    naive = subprocess.Popen(py("control_node.bench.peers.naive", model, eps["sensor"], eps["action"], str(args.rtt_seconds + 60),
                                 os.path.join(tmp, "naive-rtt-lat.npz")),
-                             cwd=ROOT, stdout=subprocess.PIPE, text=True)
+                             cwd=CHILD_CWD, stdout=subprocess.PIPE, text=True)
     wait_ready(naive)
     rows["naive"], raw["naive"] = rtt(eps, n, tmp, "naive")
     naive.kill()
@@ -231,7 +231,7 @@ def main(argv=None) -> int:
     model = os.path.abspath(args.model)
     if not os.path.exists(model):
         raise SystemExit(f"{args.model} missing: run `control-node train` first")
-    from control_node.rt import choose_cpu
+    from control_node.loop.realtime import choose_cpu
     cpu = choose_cpu("last")
     info = machine_info()
     tmp = tempfile.mkdtemp(prefix="cn-bench-loop-")
@@ -269,9 +269,9 @@ def main(argv=None) -> int:
     print("\ntargets:")
     for name, ok, detail in verdicts(p1, p2):
         print(f"  [{'met' if ok else 'NOT met'}] {name}: {detail}")
-    os.makedirs(os.path.join(ROOT, "bench", "results", "raw"), exist_ok=True)
+    os.makedirs(os.path.join("bench", "results", "raw"), exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    raw_path = os.path.join(ROOT, "bench", "results", "raw", f"loop-{stamp}.npz")
+    raw_path = os.path.join("bench", "results", "raw", f"loop-{stamp}.npz")
     np.savez_compressed(raw_path, **raw)
     print(f"raw data: {raw_path}")
     if args.json:

@@ -16,8 +16,8 @@ import sys
 import time
 
 def _measure(eps, frames):
-    from sim.engine import ClosedLoop, percentiles
-    from sim.streams import iris_stream
+    from control_node.sim.engine import ClosedLoop, percentiles
+    from control_node.sim.streams import iris_stream
     loop = ClosedLoop(eps, handshake_timeout=20.0)
     try:
         res = loop.run(iris_stream(frames), lockstep=True, grace=0.5)
@@ -39,8 +39,8 @@ def main(argv=None) -> int:
     ap.add_argument("--model", default=os.path.join("models", "iris.npz"))
     ap.add_argument("--json", help="write the results here (default: runs/bench-replay-<stamp>.json)")
     a = ap.parse_args(argv)
-    from bench.common import LOCK_FILE, machine_info, print_table, write_json
-    from sim.testing import ROOT, NodeProcess, child_env, make_endpoint_dir, write_node_config
+    from control_node.bench.common import LOCK_FILE, machine_info, print_table, write_json
+    from control_node.bench.harness import CHILD_CWD, NodeProcess, child_env, make_endpoint_dir, write_node_config
     lock = open(LOCK_FILE, "a")
     print(f"waiting for {LOCK_FILE} ...", flush=True)
     fcntl.flock(lock, fcntl.LOCK_EX)
@@ -54,8 +54,8 @@ def main(argv=None) -> int:
             results["node"] = _measure(eps, a.frames)
         finally:
             node.stop()
-        echo = subprocess.Popen([sys.executable, "-m", "bench.peers.echo", eps["sensor"], eps["action"], "3600",
-                                 "--rt"], cwd=ROOT, env=child_env(), stdout=subprocess.PIPE, text=True)
+        echo = subprocess.Popen([sys.executable, "-m", "control_node.bench.peers.echo", eps["sensor"], eps["action"], "3600",
+                                 "--rt"], cwd=CHILD_CWD, env=child_env(), stdout=subprocess.PIPE, text=True)
         try:
             assert echo.stdout.readline().startswith("ready")
             results["echo"] = _measure(eps, a.frames)

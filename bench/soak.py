@@ -22,7 +22,7 @@ import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from control_node.bench.harness import CHILD_CWD  # noqa: E402  (children run outside the source tree)
 
 
 def _config(tmp):
@@ -39,7 +39,7 @@ def _start_node(cfg, model, run_dir, extra_args=()):
     if model:
         cmd += ["--model", model]
     cmd += list(extra_args)
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(cmd, cwd=CHILD_CWD, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         line = proc.stdout.readline()
@@ -69,7 +69,7 @@ def soak(duration, interval, warmup, model=None, keep=None, rate=1000.0, log=pri
         ps = psutil.Process(node.pid)
         sim = subprocess.Popen([sys.executable, "-m", "control_node", "sim", "gauss", "--config", cfg,
                                 "--rate", str(rate), "--duration", str(duration), "--run-dir", sim_dir],
-                               cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                               cwd=CHILD_CWD, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         t0 = time.monotonic()
         samples = []
         next_t = t0
@@ -84,7 +84,14 @@ def soak(duration, interval, warmup, model=None, keep=None, rate=1000.0, log=pri
                 break
             time.sleep(min(0.2, max(0.0, next_t - time.monotonic())))
         if node.poll() is None:
-            t, rss, fds = sample(ps)
+            # the node's libzmq I/O thread closes a departed peer's connection asynchronously: give it up
+            # to 2 s to do so before the closing "no peers" sample
+            settle = time.monotonic() + 2.0
+            while True:
+                t, rss, fds = sample(ps)
+                if fds <= samples[0]["num_fds"] or time.monotonic() >= settle:
+                    break
+                time.sleep(0.05)
             samples.append({"t_s": round(t - t0, 3), "rss_bytes": rss, "num_fds": fds, "sim_running": False})
         sim_out = sim.communicate(timeout=60)[0]
         node.send_signal(signal.SIGTERM)
@@ -144,7 +151,7 @@ def _mb(b):
 
 
 def print_report(r):
-    from bench.common import print_table
+    from control_node.bench.common import print_table
     sim = r["sim"] or {}
     rows = [
         ["duration / rate", f"{r['node_run_duration_s']:.1f} s at {r['rate_hz']:g} Hz"],
@@ -185,7 +192,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     interval = a.interval or (5.0 if a.duration >= 60 else max(0.5, a.duration / 10))
     warmup = a.warmup if a.warmup is not None else (30.0 if a.duration >= 150 else max(3.0, 0.3 * a.duration))
-    from bench.common import machine_info, write_json
+    from control_node.bench.common import machine_info, write_json
     r = soak(a.duration, interval, warmup, model=a.model, keep=a.keep, rate=a.rate)
     print_report(r)
     if a.json:

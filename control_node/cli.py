@@ -34,7 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    from kernels import ConsistencyError, ModelFileError
+    from control_node.kernels import ConsistencyError, ModelFileError
 
     from control_node.errors import UserError
     try:

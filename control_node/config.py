@@ -1,22 +1,20 @@
 """Node configuration: TOML in, validated dict out; every error names the field and the fix."""
 from __future__ import annotations
 
-import copy
 import os
 import tomllib
 
+from control_node import endpoints
 from control_node.errors import ConfigError
-
-DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs", "node.toml")
 
 # section -> key -> (default, type check, description of valid values)
 _NUM = (int, float)
 SCHEMA = {
     "node": {"model": ("models/iris.npz", str, "a path"), "run_root": ("runs", str, "a path")},
     "endpoints": {
-        "sensor": ("ipc://{runtime_dir}/sensor", str, "an ipc:// or tcp:// endpoint"),
-        "action": ("ipc://{runtime_dir}/action", str, "an ipc:// or tcp:// endpoint"),
-        "diagnostics": ("ipc://{runtime_dir}/diagnostics", str, "an ipc:// or tcp:// endpoint"),
+        "sensor": (endpoints.DEFAULTS["sensor"], str, "an ipc:// or tcp:// endpoint"),
+        "action": (endpoints.DEFAULTS["action"], str, "an ipc:// or tcp:// endpoint"),
+        "diagnostics": (endpoints.DEFAULTS["diagnostics"], str, "an ipc:// or tcp:// endpoint"),
         # not bound by the node: where a simulator/replayer republishes frames for recorders and monitors
         "sensor_tap": ("", str, 'an ipc:// or tcp:// endpoint, or "" for the default (sensor endpoint + "_tap")'),
     },
@@ -67,48 +65,48 @@ SCHEMA = {
 }
 
 
-def runtime_dir() -> str:
-    base = os.environ.get("XDG_RUNTIME_DIR")
-    return os.path.join(base, "control-node") if base else f"/tmp/control-node-{os.getuid()}"
-
-
 def defaults() -> dict:
     return {sec: {k: v[0] for k, v in keys.items()} for sec, keys in SCHEMA.items()}
 
 
+def read_toml(path) -> dict:
+    """The raw TOML of a config file. Raises :class:`ConfigError` naming the file (missing, not TOML)."""
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        raise ConfigError(path, "(file)", "no such file", "pass an existing --config or omit it") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(path, "(syntax)", f"not valid TOML ({e})", "fix the TOML syntax") from None
+
+
 def load_config(path=None, overrides: dict | None = None) -> dict:
-    """Read ``path`` (default: configs/node.toml), apply ``overrides`` {"loop.rate_hz": 500, ...}, validate.
+    """Read ``path`` (default: the packaged node.toml), apply ``overrides`` {"loop.rate_hz": 500, ...},
+    validate.
 
     Endpoints come back with ``{runtime_dir}`` expanded. Raises :class:`ConfigError`.
     """
-    path = path or DEFAULT_CONFIG
+    path = path or endpoints.default_config("node.toml")
     cfg = defaults()
-    if path != DEFAULT_CONFIG or os.path.exists(path):
-        try:
-            with open(path, "rb") as f:
-                raw = tomllib.load(f)
-        except FileNotFoundError:
-            raise ConfigError(path, "(file)", "no such file", "pass an existing --config or omit it") from None
-        except tomllib.TOMLDecodeError as e:
-            raise ConfigError(path, "(syntax)", f"not valid TOML ({e})", "fix the TOML syntax") from None
-        for sec, table in raw.items():
-            if sec not in SCHEMA:
-                if sec in ("sim", "launch", "record", "replay", "children"):
-                    continue   # read by other verbs
-                raise ConfigError(path, sec, "unknown section", f"use one of {sorted(SCHEMA)}")
-            if not isinstance(table, dict):
-                raise ConfigError(path, sec, "is not a table", f"write it as [{sec}]")
-            for key, value in table.items():
-                if key not in SCHEMA[sec]:
-                    raise ConfigError(path, f"{sec}.{key}", "unknown key", f"use one of {sorted(SCHEMA[sec])}")
-                cfg[sec][key] = value
+    raw = read_toml(path)
+    for sec, table in raw.items():
+        if sec not in SCHEMA:
+            if sec in ("sim", "launch", "record", "replay", "children"):
+                continue   # read by other verbs
+            raise ConfigError(path, sec, "unknown section", f"use one of {sorted(SCHEMA)}")
+        if not isinstance(table, dict):
+            raise ConfigError(path, sec, "is not a table", f"write it as [{sec}]")
+        for key, value in table.items():
+            if key not in SCHEMA[sec]:
+                raise ConfigError(path, f"{sec}.{key}", "unknown key", f"use one of {sorted(SCHEMA[sec])}")
+            cfg[sec][key] = value
     for dotted, value in (overrides or {}).items():
         if value is None:
             continue
         sec, key = dotted.split(".")
         cfg[sec][key] = value
     validate(cfg, path)
-    cfg["endpoints"] = {k: v.replace("{runtime_dir}", runtime_dir()) for k, v in cfg["endpoints"].items()}
+    cfg["endpoints"] = {k: endpoints.expand(v) for k, v in cfg["endpoints"].items()}
     cfg["source"] = os.fspath(path)
     return cfg
 
@@ -177,10 +175,9 @@ def validate(cfg: dict, path="(config)") -> None:
             bad("security.allowed_clients", 'set it to a directory of allowed client public keys, e.g. '
                 '"keys/clients/", or set curve = false', "is empty but security.curve = true")
     else:
-        from control_node.security import is_loopback_host, tcp_host
-        for name in ("sensor", "action", "diagnostics"):
-            host = tcp_host(cfg["endpoints"][name])
-            if host is not None and not is_loopback_host(host) and not sec["allow_plaintext_remote"]:
+        for name in endpoints.NAMES:
+            host = endpoints.tcp_host(cfg["endpoints"][name])
+            if host is not None and not endpoints.is_loopback_host(host) and not sec["allow_plaintext_remote"]:
                 bad(f"endpoints.{name}", "bind tcp to 127.0.0.1, or enable CURVE ([security] curve = true, see "
                     "docs/deployment.md), or, on a trusted network only, set [security] "
                     "allow_plaintext_remote = true",
@@ -191,5 +188,27 @@ def validate(cfg: dict, path="(config)") -> None:
             "two endpoints are the same")
 
 
-def public_copy(cfg: dict) -> dict:
-    return copy.deepcopy(cfg)
+def client_endpoints(path=None) -> dict:
+    """What a client (sim, replay, record, top, hz, echo) connects to, from a node config file:
+    ``sensor``, ``action``, ``diagnostics`` and ``sensor_tap``, all expanded.
+
+    Reads the raw TOML (a client's config need not name the node's model or keys); a missing file or a
+    syntax error is a :class:`ConfigError`, never a silent fall-back to defaults. ``sensor_tap`` may stand
+    in ``[endpoints]``, ``[record]`` or ``[children.record]``; without it, :func:`endpoints.derive_tap`."""
+    path = path or endpoints.default_config("node.toml")
+    raw = read_toml(path)
+    table = raw.get("endpoints", {}) or {}
+    if not isinstance(table, dict):
+        raise ConfigError(path, "endpoints", "is not a table", "write it as [endpoints]")
+    eps = {}
+    for name in endpoints.NAMES:
+        v = table.get(name, endpoints.DEFAULTS[name])
+        if not isinstance(v, str) or not v:
+            raise ConfigError(path, f"endpoints.{name}", f"invalid value {v!r}", "use ipc://PATH or tcp://HOST:PORT")
+        eps[name] = endpoints.expand(v)
+    tap = table.get("sensor_tap")
+    for t in (raw.get("record"), (raw.get("children") or {}).get("record")):
+        if not tap and isinstance(t, dict) and t.get("sensor_tap"):
+            tap = t["sensor_tap"]
+    eps["sensor_tap"] = endpoints.expand(str(tap)) if tap else endpoints.derive_tap(eps["sensor"])
+    return eps

@@ -16,7 +16,6 @@ import sys
 import threading
 import time
 
-DEFAULT_CONFIG = os.path.join("configs", "demo.toml")
 STOP_TIMEOUTS = (5.0, 3.0, 2.0)  # after SIGINT, after SIGTERM, after SIGKILL
 MAX_RESTARTS = 3
 
@@ -116,17 +115,6 @@ def read_launch_config(path):
         raise UserError(f"launch config {path}: not valid TOML ({e})") from None
 
 
-def ensure_model(path):
-    if os.path.exists(path):
-        return
-    say(f"model {path} is missing: training it (control-node train)")
-    from train.iris import export_verified, train_iris
-    spec = train_iris()
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    export_verified(spec, path)
-    say(f"trained {' -> '.join(map(str, spec.layer_sizes))}, test accuracy {spec.test_accuracy:.4f}; wrote {path}")
-
-
 def _load_json(path):
     try:
         with open(path) as f:
@@ -160,7 +148,7 @@ def summary_lines(run_dir, driver):
 
 
 def remove_stale_sockets(endpoints):
-    from sim.endpoints import ipc_path
+    from control_node.endpoints import ipc_path
     for ep in endpoints.values():
         p = ipc_path(ep)
         if p and os.path.exists(p):
@@ -171,10 +159,15 @@ def remove_stale_sockets(endpoints):
                 pass
 
 
-def launch(config=None, duration=None, record=None, run_dir=None):
+def launch(config=None, duration=None, record=None, run_dir=None, ensure_model=None):
+    """Run node + driver (+ recorder) from a launch config (default: the packaged demo.toml).
+
+    ``ensure_model(path)``: called with the node's model path before the node starts, when the config
+    does not give the node's own command (the CLI passes one that trains the iris policy if missing)."""
     from control_node.errors import UserError
-    from sim.endpoints import load_endpoints
-    config = config or DEFAULT_CONFIG
+    from control_node.config import client_endpoints as load_endpoints
+    from control_node.endpoints import default_config
+    config = config or default_config("demo.toml")
     raw = read_launch_config(config)
     lc = raw.get("launch", {}) or {}
     ch = raw.get("children", {}) or {}
@@ -187,7 +180,7 @@ def launch(config=None, duration=None, record=None, run_dir=None):
     use_replay = bool(rep_cfg.get("enabled", False))
     use_record = bool(rec_cfg.get("enabled", False)) if record is None else record
     eps = load_endpoints(config)
-    if "command" not in node_cfg:
+    if "command" not in node_cfg and ensure_model is not None:
         ensure_model(model)
     run_root = lc.get("run_root", "runs")
     run_dir = run_dir or os.path.join(run_root, time.strftime("%Y%m%d-%H%M%S") + f"-launch-{os.getpid()}")

@@ -19,7 +19,7 @@ TOPICS = ("sensor", "action", "diagnostics")
 
 
 def load_endpoints(config=None) -> dict:
-    from sim.endpoints import load_endpoints as _load
+    from control_node.config import client_endpoints as _load
     return _load(config)
 
 

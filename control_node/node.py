@@ -1,6 +1,6 @@
 """The node: load and verify the model, bind sockets, set up real time, run the loop, write the run directory.
 
-The loop itself (``control_node._rtloop``) runs without the GIL on the main
+The loop itself (``control_node.loop._rtloop``) runs without the GIL on the main
 thread. A diagnostics thread, moved off the loop's core, publishes ~10 Hz
 snapshots, prints ``ready`` once cycles run, logs (throttled) when the loop
 degrades, and turns SIGINT/SIGTERM into a stop request. Python runs signal
@@ -10,7 +10,7 @@ runs, so the signals reach the diagnostics thread through ``signal.set_wakeup_fd
 """
 from __future__ import annotations
 
-import json
+import copy
 import os
 import platform
 import resource
@@ -23,10 +23,9 @@ import time
 import msgpack
 import numpy as np
 
-from control_node import stats
-from control_node.config import public_copy
+from control_node import rundir
 from control_node.errors import UserError
-from control_node.rt import rt_summary_line, setup_realtime
+from control_node.loop.realtime import rt_summary_line, setup_realtime
 
 STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
 
@@ -48,19 +47,6 @@ def host_info() -> dict:
         clocksource = "unknown"
     return {"cpu_model": cpu_model, "cores": os.cpu_count(), "kernel": platform.release(),
             "clocksource": clocksource, "python": platform.python_version(), "hostname": platform.node()}
-
-
-def ordered_ring(loop) -> dict:
-    """Ring arrays oldest first, trimmed to what was recorded."""
-    n, cap = loop.cycles, loop.capacity
-    out = {}
-    for name, a in loop.ring.items():
-        if n <= cap:
-            out[name] = a[:n].copy()
-        else:
-            start = n % cap
-            out[name] = np.concatenate([a[start:], a[:start]])
-    return out
 
 
 class Diagnostics(threading.Thread):
@@ -136,8 +122,8 @@ class Diagnostics(threading.Thread):
             "frames_valid": loop.frames_valid, "rejected": loop.rejected_counts(),
             "window": window, "rt": self.rt_ref.get("rt", {}),
             # whole run so far, from the loop's streaming histograms (bucket lower bounds)
-            "run": {"wake_latency_ns": stats.describe_hist(loop.histograms[0]),
-                    "cycle_time_ns": stats.describe_hist(loop.histograms[1])},
+            "run": {"wake_latency_ns": rundir.describe_hist(loop.histograms[0]),
+                    "cycle_time_ns": rundir.describe_hist(loop.histograms[1])},
         }
         try:
             self.sock.send(self.packer.pack(msg), flags=1)   # NOBLOCK: a slow monitor loses snapshots
@@ -159,10 +145,11 @@ class Node:
         self.quiet = quiet
 
     def run(self) -> str:
-        from kernels import Policy
+        from control_node.kernels import Policy
 
-        from control_node._rtloop import HIST_NAMES, RtLoop
-        from control_node.transport import NodeSockets, libzmq_functions
+        from control_node.loop._rtloop import RtLoop
+        from control_node.loop.libzmq import libzmq_functions
+        from control_node.sockets import NodeSockets
         cfg = self.cfg
         lp, wd, lim, st = cfg["loop"], cfg["watchdog"], cfg["limits"], cfg["stats"]
         if not os.path.exists(self.model_path):
@@ -197,7 +184,7 @@ class Node:
                           sensor_clock=lp["clock"] == "sensor", catch_up_skip=lp["catch_up"] == "skip",
                           safe_action=sa if isinstance(sa, int) else 0, hold_last=sa == "hold",
                           max_frame_bytes=lim["max_frame_bytes"], ring_cycles=ring)
-            from control_node.rt import choose_cpu
+            from control_node.loop.realtime import choose_cpu
             loop_cpu = choose_cpu(cfg["realtime"]["cpu"])
             rt_ref = {}
             diag = Diagnostics(loop, sockets.diagnostics, rt_ref, cfg["endpoints"], st["diagnostics_hz"], loop_cpu,
@@ -229,7 +216,7 @@ class Node:
             os.close(sig_r)
             os.close(sig_w)
         return self._write_run_dir(policy, loop, rt_ref.get("rt", {}), started_at, period_ns, ru0, ru1,
-                                   diag.signal_received, HIST_NAMES)
+                                   diag.signal_received, rundir.HIST_NAMES)
 
     def _write_run_dir(self, policy, loop, rt_report, started_at, period_ns, ru0, ru1, stop_signal, hist_names):
         import psutil
@@ -237,15 +224,15 @@ class Node:
         run_id = time.strftime("%Y%m%d-%H%M%S") + f"-{os.getpid()}"
         run_dir = self.run_dir or os.path.join(cfg["node"]["run_root"], run_id)
         os.makedirs(run_dir, exist_ok=True)
-        arrays = ordered_ring(loop)
+        arrays = rundir.ordered_ring(loop.ring, loop.cycles, loop.capacity)
         complete = loop.cycles <= loop.capacity
         hist = {name: loop.histograms[i] for i, name in enumerate(hist_names)}
 
         def figure(name, arr_name=None):
             if complete:
                 v = arrays[arr_name or name]
-                return stats.describe(v[v >= 0])
-            return stats.describe_hist(hist[name])
+                return rundir.describe(v[v >= 0])
+            return rundir.describe_hist(hist[name])
 
         duration_s = (loop.t_end_ns - loop.t0_ns) / 1e9 if loop.t_end_ns > loop.t0_ns else 0.0
         order = np.argsort(arrays["wake_latency_ns"])[::-1][:10] if loop.cycles else []
@@ -255,7 +242,7 @@ class Node:
         proc = psutil.Process()
         rejected = loop.rejected_counts()
         summary = {
-            "role": "node", "format": 1, "run_id": os.path.basename(os.path.normpath(run_dir)),
+            "role": "node", "format": rundir.SUMMARY_FORMAT, "run_id": os.path.basename(os.path.normpath(run_dir)),
             "started_at": started_at, "duration_s": duration_s,
             "rate_hz": float(cfg["loop"]["rate_hz"]), "period_ns": period_ns, "clock_mode": cfg["loop"]["clock"],
             "cycles": int(loop.cycles),
@@ -277,7 +264,7 @@ class Node:
             "model": {"path": os.path.abspath(self.model_path), "sha256": policy.sha256,
                       "layer_sizes": [int(s) for s in policy.spec.layer_sizes], "dtype": policy.dtype,
                       "isa": policy.isa, "classes": policy.classes},
-            "config": public_copy(cfg),
+            "config": copy.deepcopy(cfg),
             "host": host_info(),
             "process": {
                 "loop_thread": {"voluntary_ctx_switches": ru1.ru_nvcsw - ru0.ru_nvcsw,
@@ -295,10 +282,5 @@ class Node:
                      "complete": bool(complete)},
             "percentile_source": "raw arrays (numpy linear)" if complete else "streaming histogram (<=0.8% low)",
         }
-        np.savez(os.path.join(run_dir, "cycles.npz"), **arrays)
-        np.savez(os.path.join(run_dir, "histograms.npz"), **hist)
-        tmp = os.path.join(run_dir, "summary.json.tmp")
-        with open(tmp, "w") as f:
-            json.dump(summary, f, indent=2, default=str)
-        os.replace(tmp, os.path.join(run_dir, "summary.json"))
+        rundir.write_node_run(run_dir, summary, arrays, hist)
         return run_dir

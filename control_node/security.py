@@ -15,13 +15,11 @@ keys``): ``NAME.key`` (public) and ``NAME.key_secret`` (public + secret, mode 06
 """
 from __future__ import annotations
 
-import ipaddress
 import os
 import stat
 
 from control_node.errors import UserError
 
-LOOPBACK_NAMES = {"localhost", "lo", "127.0.0.1", "::1", "[::1]"}
 
 
 # --------------------------------------------------------------------------------------------- files
@@ -106,26 +104,6 @@ def generate_keypair(out_dir: str, name: str) -> tuple[str, str]:
 
 
 # ------------------------------------------------------------------------------------- endpoints
-
-def tcp_host(endpoint: str) -> str | None:
-    """The host part of a tcp:// endpoint (``tcp://HOST:PORT``, ``tcp://[v6]:PORT``), else None."""
-    if not endpoint.startswith("tcp://"):
-        return None
-    rest = endpoint[len("tcp://"):]
-    if ";" in rest:                            # tcp://SOURCE;HOST:PORT (connect only): the host after ';'
-        rest = rest.split(";", 1)[1]
-    host = rest.rsplit(":", 1)[0]
-    return host[1:-1] if host.startswith("[") and host.endswith("]") else host
-
-
-def is_loopback_host(host: str) -> bool:
-    if host in LOOPBACK_NAMES:
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False                           # "*", "0.0.0.0", an interface name, a DNS name
-
 
 def check_runtime_dir(path: str, endpoint: str, name: str, default_dir: str | None = None) -> None:
     """Create the directory of an ipc socket mode 0700; refuse one that group/others can enter.
@@ -221,16 +199,9 @@ def configure_client(sock, curve: dict | None) -> None:
 
 
 def client_curve_from_config_path(config_path: str | None) -> dict | None:
-    """:func:`client_curve` for a config file path (raw TOML: a client may not have the node's model etc.)."""
-    if config_path is None:
-        from control_node.config import DEFAULT_CONFIG
-        config_path = DEFAULT_CONFIG if os.path.exists(DEFAULT_CONFIG) else None
-    if config_path is None or not os.path.exists(config_path):
-        return None
-    import tomllib
-    with open(config_path, "rb") as f:
-        try:
-            raw = tomllib.load(f)
-        except tomllib.TOMLDecodeError:
-            return None
-    return client_curve(raw)
+    """:func:`client_curve` for a config file (default: the packaged node.toml). Reads the raw TOML (a
+    client's config need not name the node's model); a missing or broken file is an error, never a silent
+    fall-back to plaintext."""
+    from control_node.config import read_toml
+    from control_node.endpoints import default_config
+    return client_curve(read_toml(config_path or default_config("node.toml")))

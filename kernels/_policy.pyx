@@ -53,7 +53,7 @@ cdef class Policy:
     """
 
     def __cinit__(self, spec):
-        from kernels.model_file import ModelSpec
+        from control_node.kernels.model_file import ModelSpec
         if not isinstance(spec, ModelSpec):
             raise TypeError("Policy(spec) takes a kernels.model_file.ModelSpec; use Policy.load(path) for a file")
         n_layers = len(spec.layers)
@@ -134,8 +134,8 @@ cdef class Policy:
         ``kernels.ConsistencyError`` naming the first sample where the kernel
         and the reference disagree.
         """
-        from kernels.model_file import load_model
-        from kernels.reference import check_consistency
+        from control_node.kernels.model_file import load_model
+        from control_node.kernels.reference import check_consistency
         spec = load_model(path)
         policy = cls(spec)
         if verify:

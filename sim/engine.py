@@ -14,9 +14,8 @@ import time
 
 import numpy as np
 
+from control_node import rundir
 from control_node.errors import UserError
-
-FORMAT = 1
 
 
 class Stopper:
@@ -66,7 +65,7 @@ class ClosedLoop:
         self.tap = None
         self.tap_ep = tap
         if tap:
-            from sim.endpoints import ensure_ipc_dir
+            from control_node.endpoints import ensure_ipc_dir
             ensure_ipc_dir(tap)
             self.tap = self.ctx.socket(zmq.PUB)
             self.tap.setsockopt(zmq.LINGER, 200)
@@ -85,7 +84,7 @@ class ClosedLoop:
             if s is not None:
                 s.close()
         if self.tap is not None:  # we bound the tap: remove its ipc socket file (libzmq may not at exit)
-            from sim.endpoints import ipc_path
+            from control_node.endpoints import ipc_path
             p = ipc_path(self.tap_ep)
             if p:
                 try:
@@ -265,7 +264,7 @@ def summarize(res, loop, settings, role="sim", lockstep=False):
     scored = answered & ~res["safe"] & (res["truth"] >= 0)
     acc = float((res["action"][scored] == res["truth"][scored]).mean()) if scored.any() else None
     return {
-        "role": role, "format": FORMAT,
+        "role": role, "format": rundir.SUMMARY_FORMAT,
         "frames_sent": int(len(res["seq"])),
         "frames_answered": int(answered.sum()),
         "actions_received": int(loop.actions_received),

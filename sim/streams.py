@@ -103,12 +103,13 @@ def replay_stream(path, rate=1.0, start=0.0, duration=None):
     """The /sensor channel of an MCAP recording, on its original schedule scaled by ``1/rate``."""
     import msgpack
 
-    from control_node.replay import read_recording
+    from control_node.recording import SENSOR
+    from control_node.recording.reader import read_recording
     from control_node.errors import UserError
     if rate <= 0:
         raise UserError("--rate must be > 0")
-    rec = read_recording(path, topics=["/sensor"])
-    frames = rec["/sensor"]
+    rec = read_recording(path, topics=[SENSOR])
+    frames = rec[SENSOR]
     if not frames:
         raise UserError(f"{path}: no /sensor messages (was the recorder subscribed to the sensor tap?)")
     seqs, t_ns, xs, truth, payloads = [], [], [], [], []

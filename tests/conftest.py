@@ -7,7 +7,7 @@ import pytest
 
 def random_spec(sizes, dtype="float64", seed=0, weight_scale=1.0):
     """A :class:`kernels.ModelSpec` with random weights for layer widths ``sizes = [n_in, ..., n_out]``."""
-    from kernels import ModelSpec
+    from control_node.kernels import ModelSpec
     rng = np.random.default_rng(seed)
     layers = [(rng.normal(0.0, weight_scale / np.sqrt(n_in), size=(n_in, n_out)),
                rng.normal(0.0, 0.1, size=n_out))
@@ -27,14 +27,14 @@ def make_spec():
 @pytest.fixture(scope="session")
 def iris_spec():
     """The default iris policy (4 -> 16 -> 3, float64, seed 0), trained once per session."""
-    from train.iris import train_iris
+    from control_node.train.iris import train_iris
     return train_iris()
 
 
 @pytest.fixture(scope="session")
 def iris_model_path(iris_spec, tmp_path_factory):
     """A verified model file for :func:`iris_spec`."""
-    from train.iris import export_verified
+    from control_node.train.iris import export_verified
     path = tmp_path_factory.mktemp("models") / "iris.npz"
     export_verified(iris_spec, path)
     return path
@@ -43,13 +43,15 @@ def iris_model_path(iris_spec, tmp_path_factory):
 @pytest.fixture(scope="session")
 def policy(iris_model_path):
     """The compiled policy for :func:`iris_model_path`."""
-    from kernels import Policy
+    from control_node.kernels import Policy
     return Policy.load(iris_model_path)
 
 
 @pytest.fixture(autouse=True)
 def _reap_nodes():
-    """A failed test must not leave a SCHED_FIFO node spinning on the loop core."""
+    """A failed test must not leave a SCHED_FIFO node spinning on the loop core: every node the test
+    started (not those of module-scoped fixtures, started before it) is killed after it."""
+    from control_node.bench.harness import NodeProcess
+    since = len(NodeProcess.started)
     yield
-    from nodeutil import reap_nodes
-    reap_nodes()
+    NodeProcess.reap(since)

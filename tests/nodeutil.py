@@ -10,7 +10,8 @@ import msgpack
 import numpy as np
 import zmq
 
-from sim.testing import ROOT, NodeProcess, write_node_config
+from control_node import rundir
+from control_node.bench.harness import CHILD_CWD, NodeProcess, write_node_config
 
 
 class Robot:
@@ -78,12 +79,7 @@ class Robot:
 
 def load_run(run_dir):
     """(summary dict, cycles.npz arrays as a dict) of a node run directory."""
-    import json
-    with open(os.path.join(run_dir, "summary.json")) as f:
-        summary = json.load(f)
-    with np.load(os.path.join(run_dir, "cycles.npz")) as z:
-        arrays = {k: z[k] for k in z.files}
-    return summary, arrays
+    return rundir.read_node_run(run_dir)
 
 
 class ActionCollector:
@@ -121,29 +117,17 @@ class ActionCollector:
         return self.actions
 
 
-STARTED_NODES = []
-
-
 def start_node(tmp_path, model, extra="", args=(), transport="ipc"):
-    """A node on endpoints private to ``tmp_path``; returns (NodeProcess, config path).
-    Nodes started here are listed in STARTED_NODES (see reap_nodes)."""
+    """A node on endpoints private to ``tmp_path``; returns (NodeProcess, config path). Every node is
+    reaped after its test by the autouse fixture in conftest.py (NodeProcess.reap)."""
     cfg = os.path.join(str(tmp_path), "node.toml")
     write_node_config(cfg, str(tmp_path), extra, transport)
-    node = NodeProcess(cfg, model, *args)
-    STARTED_NODES.append(node)
-    return node, cfg
-
-
-def reap_nodes():
-    """SIGKILL every node start_node started that is still running (a failed test must not leave a
-    SCHED_FIFO node spinning on the loop core)."""
-    while STARTED_NODES:
-        STARTED_NODES.pop().kill()
+    return NodeProcess(cfg, model, *args), cfg
 
 
 def cli_popen(*args, **kw):
     """``python -m control_node ARGS`` as a child process (stdout+stderr piped, text)."""
-    return subprocess.Popen([sys.executable, "-m", "control_node", *map(str, args)], cwd=ROOT,
+    return subprocess.Popen([sys.executable, "-m", "control_node", *map(str, args)], cwd=CHILD_CWD,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
 
 
@@ -186,7 +170,7 @@ def start_flood(endpoint, rate_hz, duration_s, seq0, xs):
     import json
     return subprocess.Popen([sys.executable, "-c", FLOOD_SCRIPT, endpoint, str(rate_hz), str(duration_s),
                              str(seq0), json.dumps(np.asarray(xs).tolist())],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            cwd=CHILD_CWD, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def start_hog(cpu=None):

@@ -17,7 +17,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from control_node._rtloop import FLAGS, decode_frame
+from control_node.loop._rtloop import decode_frame
+from control_node.rundir import FLAGS
 from nodeutil import ActionCollector, Robot, load_run, start_node, stop_node
 
 N_FEATURES = 4

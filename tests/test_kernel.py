@@ -12,8 +12,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kernels import ConsistencyError, Policy, check_consistency, reference_logits
-from kernels.reference import RTOL, random_inputs
+from control_node.kernels import ConsistencyError, Policy, check_consistency, reference_logits
+from control_node.kernels.reference import RTOL, random_inputs
 from conftest import random_spec
 
 DTYPES = ["float64", "float32"]
@@ -91,7 +91,7 @@ def test_both_layer_layouts_are_exercised(make_spec):
 
 
 def test_predict_on_iris(iris_spec):
-    from train.iris import load_iris_split
+    from control_node.train.iris import load_iris_split
     policy = Policy(iris_spec)
     Xtr, Xte, ytr, yte, _, _ = load_iris_split()
     assert (policy.predict_batch(Xte) == yte).mean() >= 0.93
@@ -179,7 +179,7 @@ def test_chain_probe(iris_spec):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("value", [np.nan, np.inf, -np.inf, 1e308, -1e308])
 def test_non_finite_and_huge_inputs_give_minus_one(iris_spec, dtype, value):
-    from kernels import ModelSpec
+    from control_node.kernels import ModelSpec
     spec = ModelSpec(layers=iris_spec.layers, mean=iris_spec.mean, scale=iris_spec.scale,
                      classes=iris_spec.classes, feature_names=iris_spec.feature_names, dtype=dtype)
     policy = Policy(spec)
@@ -200,7 +200,7 @@ def test_nan_in_one_feature_gives_minus_one(make_spec, sizes):
     for dtype in DTYPES:
         spec = make_spec(sizes, dtype=dtype, weight_scale=1.0, seed=21)
         # all-positive weights: a NaN cannot be hidden by ReLU
-        from kernels import ModelSpec
+        from control_node.kernels import ModelSpec
         spec = ModelSpec(layers=[(np.abs(W), np.abs(b)) for W, b in spec.layers], mean=spec.mean,
                          scale=spec.scale, classes=spec.classes, feature_names=spec.feature_names, dtype=dtype)
         policy = Policy(spec)
@@ -258,7 +258,7 @@ def _allocations(loop, policy, x, n):
 @pytest.mark.parametrize("loop", [_loop_predict, _loop_bound], ids=["predict", "predict_bound"])
 def test_calls_allocate_nothing(iris_spec, dtype, loop):
     """100k calls leave nothing behind and allocate nothing even transiently (peak as for 0 calls)."""
-    from kernels import ModelSpec
+    from control_node.kernels import ModelSpec
     spec = ModelSpec(layers=iris_spec.layers, mean=iris_spec.mean, scale=iris_spec.scale,
                      classes=iris_spec.classes, feature_names=iris_spec.feature_names, dtype=dtype)
     policy = Policy(spec)
@@ -314,7 +314,7 @@ def test_baseline_sse2_copy_matches_reference():
     import sys
     code = (
         "import numpy as np\n"
-        "from kernels import Policy, check_consistency\n"
+        "from control_node.kernels import Policy, check_consistency\n"
         "from conftest import random_spec\n"
         "for sizes in ([4, 16, 3], [4, 13, 3], [7, 32, 5], [8, 9, 8], [3, 70, 9], [12, 200, 3], [4, 16, 16, 3]):\n"
         "    for dtype in ('float64', 'float32'):\n"

@@ -8,13 +8,10 @@ import time
 
 import psutil
 
-from sim.testing import ROOT, child_env, make_endpoint_dir
-
-MODEL = os.path.join(ROOT, "models", "iris.npz")
+from control_node.bench.harness import CHILD_CWD, child_env, make_endpoint_dir
 
 
-def write_launch_config(path, ep_dir, duration=2.0, sim_args=("gauss",), record=False, sim_restart=False,
-                        model=MODEL):
+def write_launch_config(path, ep_dir, model, duration=2.0, sim_args=("gauss",), record=False, sim_restart=False):
     args = ", ".join(f'"{a}"' for a in sim_args)
     path.write_text(f"""
 [node]
@@ -41,7 +38,7 @@ sensor_tap = "ipc://{ep_dir}/sensor_tap"
 
 def launch(cfg, run_dir, *extra, timeout=60):
     return subprocess.run([sys.executable, "-m", "control_node", "launch", str(cfg), "--run-dir", str(run_dir),
-                           *extra], cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=timeout)
+                           *extra], cwd=CHILD_CWD, env=child_env(), capture_output=True, text=True, timeout=timeout)
 
 
 class Pids(dict):
@@ -71,7 +68,7 @@ def assert_gone(pids, ep_dir):
 def test_launch_runs_and_stops_everything(tmp_path):
     ep = make_endpoint_dir()
     model = tmp_path / "models" / "iris.npz"   # missing: launch trains it first, in-process
-    cfg = write_launch_config(tmp_path / "demo.toml", ep, duration=2.0, record=True, model=model)
+    cfg = write_launch_config(tmp_path / "demo.toml", ep, model, duration=2.0, record=True)
     r = launch(cfg, tmp_path / "run")
     out = r.stdout
     assert r.returncode == 0, out + r.stderr
@@ -88,9 +85,9 @@ def test_launch_runs_and_stops_everything(tmp_path):
     assert_gone(pids.values(), ep)
 
 
-def test_launch_reports_child_crash(tmp_path):
+def test_launch_reports_child_crash(tmp_path, iris_model_path):
     ep = make_endpoint_dir()
-    cfg = write_launch_config(tmp_path / "demo.toml", ep, duration=5.0, sim_args=("--exit-code", "3"))
+    cfg = write_launch_config(tmp_path / "demo.toml", ep, iris_model_path, duration=5.0, sim_args=("--exit-code", "3"))
     t = time.monotonic()
     r = launch(cfg, tmp_path / "run")
     out = r.stdout
@@ -100,20 +97,20 @@ def test_launch_reports_child_crash(tmp_path):
     assert_gone(pids_of(out).values(), ep)
 
 
-def test_launch_bad_sim_argument(tmp_path):
+def test_launch_bad_sim_argument(tmp_path, iris_model_path):
     ep = make_endpoint_dir()
-    cfg = write_launch_config(tmp_path / "demo.toml", ep, sim_args=("--no-such-option",))
+    cfg = write_launch_config(tmp_path / "demo.toml", ep, iris_model_path, sim_args=("--no-such-option",))
     r = launch(cfg, tmp_path / "run")
     assert r.returncode == 1
     assert "[launch] sim died unexpectedly (exit code 2)" in r.stdout
     assert_gone(pids_of(r.stdout).values(), ep)
 
 
-def test_launch_ctrl_c_stops_everything(tmp_path):
+def test_launch_ctrl_c_stops_everything(tmp_path, iris_model_path):
     ep = make_endpoint_dir()
-    cfg = write_launch_config(tmp_path / "demo.toml", ep, duration=60.0)
+    cfg = write_launch_config(tmp_path / "demo.toml", ep, iris_model_path, duration=60.0)
     p = subprocess.Popen([sys.executable, "-m", "control_node", "launch", str(cfg), "--run-dir", str(tmp_path / "run")],
-                         cwd=ROOT, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                         cwd=CHILD_CWD, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines = []
     for line in p.stdout:
         lines.append(line)
@@ -132,9 +129,9 @@ def test_launch_ctrl_c_stops_everything(tmp_path):
     assert_gone(pids_of(out).values(), ep)
 
 
-def test_launch_restarts_child_when_configured(tmp_path):
+def test_launch_restarts_child_when_configured(tmp_path, iris_model_path):
     ep = make_endpoint_dir()
-    cfg = write_launch_config(tmp_path / "demo.toml", ep, duration=5.0, sim_args=("--exit-code", "3"),
+    cfg = write_launch_config(tmp_path / "demo.toml", ep, iris_model_path, duration=5.0, sim_args=("--exit-code", "3"),
                               sim_restart=True)
     r = launch(cfg, tmp_path / "run")
     out = r.stdout

@@ -13,9 +13,9 @@ import zmq
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from control_node._rtloop import RtLoop, decode_frame, encode_action
-from control_node.transport import libzmq_functions
-from kernels import Policy
+from control_node.loop._rtloop import RtLoop, decode_frame, encode_action
+from control_node.loop.libzmq import libzmq_functions
+from control_node.kernels import Policy
 
 FEEDER = r"""
 import sys, time, msgpack, zmq

@@ -4,8 +4,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kernels import ConsistencyError, ModelFileError, ModelSpec, Policy, check_consistency, load_model, save_model
-from kernels.model_file import content_hash
+from control_node.kernels import ConsistencyError, ModelFileError, ModelSpec, Policy, check_consistency, load_model, save_model
+from control_node.kernels.model_file import content_hash
 
 
 def _arrays(path):

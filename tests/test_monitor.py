@@ -19,9 +19,8 @@ import pytest
 import zmq
 
 from control_node import monitor
-from sim.testing import free_tcp_ports, run_cli
+from control_node.bench.harness import CHILD_CWD, free_tcp_ports, run_cli
 
-ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
 ENV = {**os.environ, "COLUMNS": "160", "PYTHONUNBUFFERED": "1"}
 
@@ -166,7 +165,7 @@ def test_top_live_refreshes_in_place_in_a_pty():
     with Publisher(diag_msg, 0.05) as pub:
         master, slave = pty.openpty()
         os.set_blocking(master, True)
-        p = subprocess.Popen([PY, "-m", "control_node", "top", "--endpoint", pub.endpoint], cwd=ROOT,
+        p = subprocess.Popen([PY, "-m", "control_node", "top", "--endpoint", pub.endpoint], cwd=CHILD_CWD,
                              stdin=slave, stdout=slave, stderr=slave, env={**ENV, "TERM": "xterm-256color"},
                              start_new_session=True)
         os.close(slave)
@@ -254,10 +253,11 @@ def test_unknown_topic():
 
 # ------------------------------------------------------------------------------ real node
 
-def test_top_hz_echo_against_real_node(tmp_path):
+def test_top_hz_echo_against_real_node(tmp_path, iris_model_path):
     cfg = tcp_config(tmp_path, tap=False)
-    node = subprocess.Popen([PY, "-m", "control_node", "run", "--config", cfg, "--duration", "8", "--cpu", "none",
-                             "--run-dir", tmp_path / "run"], cwd=ROOT, stdout=subprocess.PIPE,
+    node = subprocess.Popen([PY, "-m", "control_node", "run", "--config", cfg, "--model", iris_model_path,
+                             "--duration", "8", "--cpu", "none",
+                             "--run-dir", tmp_path / "run"], cwd=CHILD_CWD, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=ENV)
     try:
         r = cli("top", "--config", cfg, "--once", "--timeout", "20")

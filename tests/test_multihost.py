@@ -22,7 +22,7 @@ import time
 
 import pytest
 
-from sim.testing import ROOT
+from control_node.bench.harness import CHILD_CWD
 
 from test_security import make_keys, security_toml
 
@@ -214,7 +214,7 @@ def test_node_and_robot_in_two_namespaces_over_curve(link, tmp_path, iris_model_
         node = subprocess.Popen(link.exec(link.ns_node, sys.executable, "-m", "control_node", "run",
                                           "--config", str(node_cfg), "--model", str(iris_model_path),
                                           "--duration", str(node_duration), "--run-dir", str(node_run)),
-                                cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                cwd=CHILD_CWD, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         procs.append(node)
         line = node.stdout.readline()
         assert line.startswith("ready "), (line, node.stderr.read() if node.poll() is not None else "")
@@ -227,7 +227,7 @@ def test_node_and_robot_in_two_namespaces_over_curve(link, tmp_path, iris_model_
                                          # the lossy link can drop a SYN or handshake segment (1-3 s
                                          # tcp retransmit each) and host stalls add more: 10 s was short
                                          "--timeout", "30"),
-                               cwd=ROOT, capture_output=True, text=True, timeout=60)
+                               cwd=CHILD_CWD, capture_output=True, text=True, timeout=60)
             assert r.returncode == 0, r.stdout + r.stderr
             return summary(tmp_path / name)
 
@@ -268,7 +268,8 @@ def test_node_and_robot_in_two_namespaces_over_curve(link, tmp_path, iris_model_
               f"{r['safe_actions']} round trip p50 {rt['p50'] / 1e6:.2f} ms p99 {rt['p99'] / 1e6:.2f} ms")
 
     # the node kept its rate: one cycle per period over the whole run
-    assert abs(s["cycles"] - s["duration_s"] * RATE) <= 0.01 * s["duration_s"] * RATE
+    # every tick is a cycle or a tick skipped after a host stall (the node counts both)
+    assert abs(s["cycles"] + s["skipped_ticks"] - s["duration_s"] * RATE) <= 0.01 * s["duration_s"] * RATE
     assert s["achieved_rate_hz"] >= 0.9 * RATE, "the loop fell behind (a shared, loaded machine?)"
     assert s["rejected_total"] == 0
     # CURVE over the veth: the robot's frames were accepted and answered in both phases
@@ -304,7 +305,7 @@ def phase_window(run_dir, sim_summary, k):
     Every sim run starts again from seq 0 (the node accepts it once the watchdog has tripped), so runs
     are told apart by the idle second between them."""
     import numpy as np
-    FLAG_STALE, FLAG_NEW_FRAME = 2, 16
+    from control_node.rundir import FLAG_NEW_FRAME, FLAG_STALE
     with np.load(os.path.join(run_dir, "cycles.npz")) as z:
         seq, flags, tick, age = z["seq"], z["flags"], z["t_tick_ns"], z["input_age_ns"]
     base, n = sim_summary["seq_base"], sim_summary["frames_sent"]

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from nodeutil import Robot, start_node
-from sim.testing import ROOT, run_cli, write_node_config
+from control_node.bench.harness import CHILD_CWD, run_cli, write_node_config
 
 
 def start(tmp_path, model, transport="ipc", extra="", args=()):
@@ -234,7 +234,7 @@ def test_runs_degraded_without_rt_privileges_and_says_so(tmp_path, iris_model_pa
     r = subprocess.run(["setpriv", "--bounding-set=-sys_nice,-ipc_lock", "--inh-caps=-sys_nice,-ipc_lock",
                         "prlimit", "--memlock=65536", sys.executable, "-m", "control_node", "run", "--config", cfg,
                         "--model", iris_model_path, "--duration", "0.5", "--run-dir", tmp_path / "run"],
-                       cwd=ROOT, capture_output=True, text=True, timeout=60)
+                       cwd=CHILD_CWD, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert "sched=no" in r.stderr and "mlock=no" in r.stderr     # the start-up line says it
     rt = json.load(open(tmp_path / "run" / "summary.json"))["rt"]

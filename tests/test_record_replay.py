@@ -8,14 +8,12 @@ import time
 
 import pytest
 
-from sim.testing import ROOT, NodeProcess, child_env, make_endpoint_dir, run_cli as cn, write_node_config
-
-MODEL = os.path.join(ROOT, "models", "iris.npz")
+from control_node.bench.harness import CHILD_CWD, NodeProcess, child_env, make_endpoint_dir, run_cli as cn, write_node_config
 
 
 def start_recorder(config, out, *extra):
     p = subprocess.Popen([sys.executable, "-m", "control_node", "record", "--config", str(config), "--out", str(out),
-                          *extra], cwd=ROOT, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          *extra], cwd=CHILD_CWD, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                          text=True)
     line = p.stdout.readline()
     assert line.startswith("recording to "), line
@@ -23,12 +21,12 @@ def start_recorder(config, out, *extra):
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory):
+def setup(tmp_path_factory, iris_model_path):
     d = tmp_path_factory.mktemp("rec")
     ep = make_endpoint_dir()
     cfg = d / "node.toml"
     write_node_config(cfg, ep)
-    node = NodeProcess(cfg, MODEL, "--run-dir", d / "node")
+    node = NodeProcess(cfg, iris_model_path, "--run-dir", d / "node")
     rec = start_recorder(cfg, d / "rec.mcap")
     r = cn("sim", "gauss", "--duration", 1.5, "--noise", 0.3, "--seed", 3, "--tap", "--config", cfg,
            "--run-dir", d / "sim")
@@ -65,7 +63,7 @@ def test_replay_verify_zero_mismatches(setup, tmp_path):
 
 
 def test_replay_verify_other_model_reports_mismatches(setup, tmp_path):
-    from train.iris import export_verified, train_iris
+    from control_node.train.iris import export_verified, train_iris
     other = tmp_path / "other.npz"
     export_verified(train_iris(hidden=(2,), seed=11, epochs=15), str(other))
     ep = make_endpoint_dir()
@@ -81,7 +79,7 @@ def test_replay_verify_other_model_reports_mismatches(setup, tmp_path):
 
 
 def test_replay_rate_two_takes_half_the_time(setup, tmp_path):
-    from sim.streams import replay_stream
+    from control_node.sim.streams import replay_stream
     span = replay_stream(str(setup["mcap"])).offsets_ns[-1] / 1e9
     assert span > 1.2
     t = time.monotonic()
@@ -96,7 +94,7 @@ def test_replay_rate_two_takes_half_the_time(setup, tmp_path):
 def test_sigkilled_recorder_leaves_readable_file(setup, tmp_path):
     from mcap.reader import make_reader
 
-    from control_node.replay import iter_messages
+    from control_node.recording.reader import iter_messages
     out = tmp_path / "killed.mcap"
     rec = start_recorder(setup["cfg"], out, "--flush-interval", "0.2")
     r = cn("sim", "gauss", "--duration", 1.0, "--tap", "--config", setup["cfg"], "--run-dir", tmp_path / "sim")

@@ -20,10 +20,10 @@ import numpy as np
 import psutil
 import zmq
 
-from control_node._rtloop import FLAGS
+from control_node.rundir import FLAGS
 from nodeutil import (ActionCollector, Robot, assert_answered_or_superseded, cli_popen, load_run, start_flood,
                       start_hog, start_node, stop_node)
-from sim.testing import ROOT
+from control_node.bench.harness import CHILD_CWD
 
 MISS, STALE, SAFE, NEW = FLAGS["miss"], FLAGS["stale"], FLAGS["safe"], FLAGS["new_frame"]
 PERIOD_NS = 1_000_000
@@ -64,7 +64,7 @@ def finish(p, sig=signal.SIGINT, timeout=15):
 #   this and fails the calling test with that evidence)
 def test_diagnostics_error_does_not_disable_sigterm(monkeypatch):
     from control_node import node as node_mod
-    from control_node import stats
+    from control_node import rundir
 
     class FakeLoop:
         cycles, capacity = 10, 16
@@ -87,7 +87,7 @@ def test_diagnostics_error_does_not_disable_sigterm(monkeypatch):
             raise RuntimeError("number of non-zero array elements changed during function execution.")
         return {}
 
-    monkeypatch.setattr(stats, "describe_hist", racy_describe_hist)
+    monkeypatch.setattr(rundir, "describe_hist", racy_describe_hist)
     sock = zmq.Context.instance().socket(zmq.PUB)
     r, w = os.pipe()
     loop = FakeLoop()
@@ -344,7 +344,7 @@ def test_sensor_flood_20khz(tmp_path, iris_model_path, policy):
 
 
 def _report_text(run_dir):
-    r = subprocess.run([sys.executable, "-m", "control_node", "report", run_dir, "--no-plots"], cwd=ROOT,
+    r = subprocess.run([sys.executable, "-m", "control_node", "report", run_dir, "--no-plots"], cwd=CHILD_CWD,
                        capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "200"})
     assert r.returncode == 0, r.stderr
     return r.stdout
@@ -408,10 +408,11 @@ def test_cpu_hogs_and_stall_misses_counted_honestly(tmp_path, iris_model_path):
 
 
 # ---------------------------------------------------------------- soak (short)
-def test_soak_short(tmp_path):
+def test_soak_short(tmp_path, iris_model_path):
     out_json = tmp_path / "soak.json"
     r = subprocess.run([sys.executable, "-m", "control_node", "bench", "soak", "--duration", "10",
-                        "--json", str(out_json)], cwd=ROOT, capture_output=True, text=True, timeout=180)
+                        "--model", str(iris_model_path),
+                        "--json", str(out_json)], cwd=CHILD_CWD, capture_output=True, text=True, timeout=180)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "RSS growth after warm-up" in r.stdout and "deadline misses" in r.stdout
     rep = json.load(open(out_json))["report"]

@@ -13,11 +13,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from control_node import reports as R
+from control_node import report as R
+from control_node import rundir
 from control_node.errors import UserError
-from sim.testing import free_tcp_ports, run_cli
+from control_node.bench.harness import CHILD_CWD, free_tcp_ports, run_cli
 
-ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
 LAT_FIELDS = ["wake_latency_ns", "cycle_time_ns", "recv_ns", "infer_ns", "publish_ns", "period_ns_stats",
               "input_age_ns"]
@@ -189,7 +189,7 @@ def test_worst_events_and_verdict(tmp_path):
 # ------------------------------------------------------------------------------ decimation / long runs
 
 def test_decimate_keeps_spikes_and_is_bounded():
-    from control_node.plots import bucket_any, decimate_minmax
+    from control_node.report.plots import bucket_any, decimate_minmax
     y = np.zeros(3_600_000, np.int64)
     y[1_234_567] = 10**7
     y[17] = -5
@@ -345,7 +345,7 @@ def test_sim_only_run(tmp_path):
 
 
 def hist_index(v):
-    """numpy version of control_node/rt_hist.h's cn_hist_index."""
+    """numpy version of control_node/loop/rt_hist.h's cn_hist_index."""
     v = np.maximum(np.asarray(v, dtype=np.int64), 0)
     e = np.floor(np.log2(np.maximum(v, 1))).astype(np.int64)
     big = v >= 128
@@ -362,19 +362,14 @@ def test_incomplete_ring_uses_streaming_histograms(tmp_path):
     whole["wake_latency_ns"][123] = 7_777_777
     hist = {k: np.bincount(hist_index(v), minlength=(64 - 7) << 7) for k, v in whole.items()}
     np.savez(d / "histograms.npz", **hist)
-    lows = R.hist_lower_bounds((64 - 7) << 7)
+    lows = rundir.hist_lower_bounds((64 - 7) << 7)
     assert lows[hist_index([0, 127, 128, 255, 256, 1000, 7_777_777])].tolist() == [0, 127, 128, 255, 256, 1000, 7_766_016]
-    try:
-        from control_node.stats import hist_lower_bounds
-        assert (hist_lower_bounds(lows.size) == lows).all()
-    except ImportError:
-        pass
     doc, out = R.generate([d])
     text = (out / "wake_latency.hgrm").read_text()
     assert "Total count    =        50000]" in text
     assert "#[Max     =     7766.016" in text
     assert not (out / "recv.hgrm").exists()  # no histogram for it and the ring is only the tail
-    q = R.hist_quantiles(hist["wake_latency_ns"], [50.0, 99.0])
+    q = rundir.hist_quantiles(hist["wake_latency_ns"], [50.0, 99.0])
     exact = np.percentile(whole["wake_latency_ns"], [50, 99])
     assert np.all(q <= exact + 1) and np.all(q >= exact * 0.99 - 1)  # bucket lower bounds, <= 0.8% low
     assert (out / "percentiles.png").is_file()
@@ -456,15 +451,15 @@ def test_cli_error_is_message_not_traceback(tmp_path):
 
 # ------------------------------------------------------------------------------ real node
 
-def test_real_node_run_report(tmp_path):
+def test_real_node_run_report(tmp_path, iris_model_path):
     """A real short node run with the simulator, laid out as a launch dir (node/ + sim/), reported."""
     ports = free_tcp_ports(3)
     cfg = tmp_path / "node.toml"  # private TCP endpoints: no clash with other nodes on this host
     cfg.write_text("[endpoints]\n" + "".join(f'{k} = "tcp://127.0.0.1:{p}"\n'
                                              for k, p in zip(("sensor", "action", "diagnostics"), ports)))
     launch = tmp_path / "launch"
-    node = subprocess.Popen([PY, "-m", "control_node", "run", "--config", cfg, "--duration", "3", "--cpu", "none",
-                             "--run-dir", launch / "node"], cwd=ROOT, stdout=subprocess.PIPE,
+    node = subprocess.Popen([PY, "-m", "control_node", "run", "--config", cfg, "--model", iris_model_path,
+                             "--duration", "3", "--cpu", "none", "--run-dir", launch / "node"], cwd=CHILD_CWD, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, env=os.environ)
     try:
         time.sleep(0.7)

@@ -17,9 +17,9 @@ import pytest
 import zmq
 
 from nodeutil import Robot
-from sim.testing import ROOT, NodeProcess, write_node_config
+from control_node.bench.harness import CHILD_CWD, NodeProcess, write_node_config
 
-from control_node import security
+from control_node import endpoints, security
 from control_node.config import load_config
 from control_node.errors import ConfigError, UserError
 
@@ -29,7 +29,7 @@ def make_keys(base):
     kd = os.path.join(base, "keys")
     for name in ("node", "robot", "intruder"):
         r = subprocess.run([sys.executable, "-m", "control_node", "keys", "--out", kd, "--name", name],
-                           cwd=ROOT, capture_output=True, text=True)
+                           cwd=CHILD_CWD, capture_output=True, text=True)
         assert r.returncode == 0, r.stderr
     allowed = os.path.join(kd, "clients")
     os.makedirs(allowed)
@@ -86,7 +86,7 @@ def summary_of(run_dir):
 
 def test_allowed_client_is_answered_and_oversized_is_rejected(curve_node, iris_model_path):
     """An allow-listed CURVE client gets the policy's answers through the compiled loop; caps still apply."""
-    from kernels import Policy
+    from control_node.kernels import Policy
     node, keys, cfg = curve_node
     policy = Policy.load(iris_model_path)
     robot = CurveRobot(node.endpoints, security.client_curve(load_config(str(cfg))))
@@ -146,7 +146,7 @@ def test_sim_with_curve_keys(curve_node, tmp_path):
     """`control-node sim --config` reads [security] client keys and closes the loop over CURVE."""
     node, keys, cfg = curve_node
     r = subprocess.run([sys.executable, "-m", "control_node", "sim", "--config", str(cfg), "--duration", "1",
-                        "--rate", "200", "--run-dir", str(tmp_path / "sim")], cwd=ROOT, capture_output=True,
+                        "--rate", "200", "--run-dir", str(tmp_path / "sim")], cwd=CHILD_CWD, capture_output=True,
                        text=True, timeout=60)
     rc, out, err, run_dir = node.stop()
     assert r.returncode == 0, r.stdout + r.stderr
@@ -157,7 +157,7 @@ def test_sim_with_curve_keys(curve_node, tmp_path):
 
 def run_node_expect_refusal(cfg, model, timeout=60):
     r = subprocess.run([sys.executable, "-m", "control_node", "run", "--config", str(cfg), "--model", str(model),
-                        "--duration", "1"], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+                        "--duration", "1"], cwd=CHILD_CWD, capture_output=True, text=True, timeout=timeout)
     assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
     assert "ready" not in r.stdout
     return r.stderr
@@ -182,7 +182,7 @@ def test_readable_client_secret_refused(tmp_path):
     with pytest.raises(UserError, match="chmod 600"):
         security.client_curve(load_config(str(cfg)))
     r = subprocess.run([sys.executable, "-m", "control_node", "sim", "--config", str(cfg), "--duration", "0.1"],
-                       cwd=ROOT, capture_output=True, text=True, timeout=60)
+                       cwd=CHILD_CWD, capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and keys["robot_secret"] in r.stderr and "chmod 600" in r.stderr
 
 
@@ -216,7 +216,7 @@ def test_non_loopback_plaintext_tcp_refused(tmp_path, iris_model_path):
     assert load_config(str(cfg))["security"]["allow_plaintext_remote"] is True
     for ep, ok in (("tcp://127.0.0.1:5555", True), ("tcp://localhost:1", True), ("tcp://[::1]:1", True),
                    ("tcp://*:5555", False), ("tcp://10.200.0.1:5555", False), ("tcp://eth0:5555", False)):
-        assert security.is_loopback_host(security.tcp_host(ep)) is ok, ep
+        assert endpoints.is_loopback_host(endpoints.tcp_host(ep)) is ok, ep
 
 
 def test_wide_ipc_dir_refused(tmp_path, iris_model_path):
@@ -242,7 +242,7 @@ def test_default_runtime_dir_is_tightened(tmp_path):
 
 
 def test_every_socket_has_a_size_cap(tmp_path):
-    from control_node.transport import NodeSockets
+    from control_node.sockets import NodeSockets
     d = tmp_path / "eps"
     eps = {k: f"ipc://{d}/{k}" for k in ("sensor", "action", "diagnostics")}
     socks = NodeSockets(eps, 4096)
@@ -257,7 +257,7 @@ def test_every_socket_has_a_size_cap(tmp_path):
 def test_keys_verb_modes_and_no_overwrite(tmp_path):
     out = tmp_path / "k"
     run = lambda *a: subprocess.run([sys.executable, "-m", "control_node", "keys", "--out", str(out), *a],
-                                    cwd=ROOT, capture_output=True, text=True)
+                                    cwd=CHILD_CWD, capture_output=True, text=True)
     assert run("--name", "robot1").returncode == 0
     assert stat.S_IMODE(os.stat(out / "robot1.key_secret").st_mode) == 0o600
     assert stat.S_IMODE(os.stat(out / "robot1.key").st_mode) == 0o644

@@ -1,30 +1,27 @@
 """Simulator against the real node (`control-node run`), real processes and ipc sockets."""
 import json
-import os
 
 import numpy as np
 import pytest
 
-from sim.testing import ROOT, NodeProcess, make_endpoint_dir, run_cli as cn, write_node_config
-
-MODEL = os.path.join(ROOT, "models", "iris.npz")
+from control_node.bench.harness import NodeProcess, make_endpoint_dir, run_cli as cn, write_node_config
 
 
 @pytest.fixture(scope="module")
-def node(tmp_path_factory):
+def node(tmp_path_factory, iris_model_path):
     d = tmp_path_factory.mktemp("simnode")
     ep = make_endpoint_dir()
     cfg = d / "node.toml"
     write_node_config(cfg, ep)
-    n = NodeProcess(cfg, MODEL, "--run-dir", d / "node")
-    n.config, n.tmp = cfg, d
+    n = NodeProcess(cfg, iris_model_path, "--run-dir", d / "node")
+    n.config, n.tmp, n.model = cfg, d, iris_model_path
     yield n
     rc, out, err, run_dir = n.stop()
     assert rc == 0 and run_dir == str(d / "node"), out + err
 
 
 def test_iris_lockstep_accuracy_equals_predict_batch(node, tmp_path):
-    from kernels import Policy
+    from control_node.kernels import Policy
     from sklearn.datasets import load_iris
     r = cn("sim", "iris", "--lockstep", "--config", node.config, "--run-dir", tmp_path / "sim")
     assert r.returncode == 0, r.stdout + r.stderr
@@ -32,7 +29,7 @@ def test_iris_lockstep_accuracy_equals_predict_batch(node, tmp_path):
     s = json.loads((tmp_path / "sim" / "summary.json").read_text())
     rt = np.load(tmp_path / "sim" / "roundtrip.npz")
     data = load_iris()
-    pred = Policy.load(MODEL).predict_batch(data.data)
+    pred = Policy.load(node.model).predict_batch(data.data)
     assert s["role"] == "sim" and s["format"] == 1
     assert s["frames_sent"] == 150 and s["actions_lost"] == 0
     assert np.array_equal(rt["truth"], data.target)
@@ -62,7 +59,7 @@ def test_gauss_open_loop_summary_and_arrays(node, tmp_path):
 
 
 def test_gauss_stream_is_reproducible():
-    from sim.streams import gauss_stream
+    from control_node.sim.streams import gauss_stream
     a = gauss_stream(3000, seed=5, noise=0.1, drift=0.01, outlier_prob=0.01, drop_prob=0.01)
     b = gauss_stream(3000, seed=5, noise=0.1, drift=0.01, outlier_prob=0.01, drop_prob=0.01)
     c = gauss_stream(3000, seed=6)

@@ -9,7 +9,7 @@ import warnings
 import numpy as np
 import pytest
 
-from kernels import Policy, load_model
+from control_node.kernels import Policy, load_model
 
 
 def run_cli(*args, cwd=None):
@@ -51,7 +51,7 @@ def test_train_cli(tmp_path, args, sizes, dtype, trainer):
     assert policy.classes == ["setosa", "versicolor", "virginica"]
     assert policy.spec.test_accuracy == pytest.approx(test_acc, abs=1e-4)
     # the file answers like the recorded accuracy says
-    from train.iris import load_iris_split
+    from control_node.train.iris import load_iris_split
     _, Xte, _, yte, _, _ = load_iris_split()
     assert (policy.predict_batch(Xte) == yte).mean() == pytest.approx(test_acc, abs=1e-4)
 
@@ -108,8 +108,8 @@ def test_from_sklearn_rejects_other_activation(tmp_path):
 
 
 def test_numpy_trainer_is_bit_deterministic():
-    from train.iris import load_iris_split
-    from train.numpy_mlp import train_mlp
+    from control_node.train.iris import load_iris_split
+    from control_node.train.numpy_mlp import train_mlp
     Xtr, _, ytr, _, _, _ = load_iris_split()
     Xn = (Xtr - Xtr.mean(0)) / Xtr.std(0)
     a = train_mlp(Xn, ytr, hidden=(8,), epochs=20, seed=1)

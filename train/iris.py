@@ -8,9 +8,9 @@ import os
 
 import numpy as np
 
-from kernels.model_file import ModelSpec, save_model
-from kernels.reference import check_consistency, reference_predict
-from train.numpy_mlp import train_mlp
+from control_node.kernels.model_file import ModelSpec, save_model
+from control_node.kernels.reference import check_consistency, reference_predict
+from control_node.train.numpy_mlp import train_mlp
 
 DEFAULT_OUT = os.path.join("models", "iris.npz")
 
@@ -73,7 +73,7 @@ def spec_from_sklearn(clf, check_X, feature_names=None, dtype="float64", mean=No
 
 def export_verified(spec, out):
     """Verify the compiled kernel against the reference, then write the file."""
-    from kernels import Policy
+    from control_node.kernels import Policy
     report = check_consistency(Policy(spec), spec)
     save_model(spec, out)
     return report

@@ -20,7 +20,7 @@ def main():
     pub.bind(action)
     if "--rt" in sys.argv:
         from control_node.config import defaults
-        from control_node.rt import setup_realtime
+        from control_node.loop.realtime import setup_realtime
         setup_realtime(defaults()["realtime"])
     print("ready", flush=True)
     end = time.monotonic() + seconds

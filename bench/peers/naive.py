@@ -10,7 +10,7 @@ import msgpack
 import numpy as np
 import zmq
 
-from kernels.model_file import load_model
+from control_node.kernels.model_file import load_model
 
 
 def main():

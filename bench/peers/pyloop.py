@@ -14,8 +14,8 @@ import numpy as np
 import zmq
 
 from control_node.config import defaults
-from control_node.rt import setup_realtime
-from kernels import Policy
+from control_node.loop.realtime import setup_realtime
+from control_node.kernels import Policy
 
 
 def main():

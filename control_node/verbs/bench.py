@@ -23,9 +23,9 @@ def register(sub):
 
 def run(args):
     try:
-        module = importlib.import_module(f"bench.{args.what}")
+        module = importlib.import_module(f"control_node.bench.{args.what}")
     except ModuleNotFoundError as e:
-        if e.name == f"bench.{args.what}":
+        if e.name == f"control_node.bench.{args.what}":
             raise SystemExit(f"control-node bench: '{args.what}' is not built yet")
         raise
     return module.main(args.rest)

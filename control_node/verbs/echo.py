@@ -7,7 +7,7 @@ def register(sub):
                                    "separated by `---`. The node's sensor socket binds a SUB, so `sensor` reads "
                                    "the simulator's/replayer's sensor tap ([endpoints] sensor_tap).")
     e.add_argument("topic", metavar="TOPIC", help="sensor | action | diagnostics, or an endpoint (tcp://..., ipc://...)")
-    e.add_argument("--config", metavar="FILE", help="node config (default: configs/node.toml if present)")
+    e.add_argument("--config", metavar="FILE", help="node config (default: the packaged node.toml)")
     e.add_argument("--count", "-n", type=int, metavar="N", help="exit after N messages")
     e.add_argument("--json", action="store_true", help="one JSON object per line instead of YAML-like blocks")
     e.add_argument("--timeout", type=float, default=10.0, metavar="S",

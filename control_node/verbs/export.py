@@ -51,7 +51,7 @@ def run(args):
     import msgpack
 
     from control_node.errors import UserError
-    from control_node.replay import iter_messages
+    from control_node.recording.reader import iter_messages
     if not os.path.exists(args.file):
         raise UserError(f"recording {args.file} does not exist")
     stem = args.file[:-5] if args.file.endswith(".mcap") else args.file
@@ -59,7 +59,7 @@ def run(args):
     if args.to == "json-mcap":
         from mcap.writer import Writer
 
-        from control_node.recorder import best_compression
+        from control_node.recording.writer import best_compression
         out = args.out or stem + ".json.mcap"
         with open(out, "wb") as f:
             w = Writer(f, compression=best_compression())

@@ -7,7 +7,7 @@ def register(sub):
                                    "window, once a second. The node's sensor socket binds a SUB, so `sensor` "
                                    "reads the simulator's/replayer's sensor tap ([endpoints] sensor_tap).")
     h.add_argument("topic", metavar="TOPIC", help="sensor | action | diagnostics, or an endpoint (tcp://..., ipc://...)")
-    h.add_argument("--config", metavar="FILE", help="node config (default: configs/node.toml if present)")
+    h.add_argument("--config", metavar="FILE", help="node config (default: the packaged node.toml)")
     h.add_argument("--window", "-w", type=int, default=10000, metavar="N",
                    help="intervals in the statistics window (default: %(default)s)")
     h.add_argument("--duration", type=float, metavar="S", help="stop after S seconds (default: until Ctrl-C)")

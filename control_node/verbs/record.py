@@ -10,7 +10,7 @@ def register(sub):
                                    "encoding msgpack. Stops on Ctrl-C / SIGTERM or after --duration.")
     p.add_argument("--out", help="MCAP file to write (default: runs/<id>/recording.mcap)")
     p.add_argument("--duration", type=float, help="seconds to record (default: until Ctrl-C)")
-    p.add_argument("--config", help="node config whose [endpoints] to use (default: configs/node.toml if present)")
+    p.add_argument("--config", help="node config whose [endpoints] to use (default: the packaged node.toml)")
     p.add_argument("--tap", help="sensor tap endpoint (default: [endpoints].sensor_tap, else <sensor>_tap)")
     p.add_argument("--flush-interval", type=float, default=1.0,
                    help="seconds between forced chunk flushes (bounds what a crash can lose; default: %(default)s)")
@@ -21,10 +21,10 @@ def run(args):
     import os
     import time
 
-    from control_node.recorder import record
+    from control_node.recording.writer import record
     from control_node.security import client_curve_from_config_path
-    from sim.endpoints import load_endpoints
-    from sim.engine import Stopper
+    from control_node.config import client_endpoints as load_endpoints
+    from control_node.sim.engine import Stopper
     eps = load_endpoints(args.config)
     if args.tap:
         eps["sensor_tap"] = args.tap

@@ -16,7 +16,7 @@ def register(sub):
     p.add_argument("--duration", type=float, help="replay only S seconds of the recording")
     p.add_argument("--verify", action="store_true",
                    help="lockstep, and compare every action with the recorded one (by seq)")
-    p.add_argument("--config", help="node config whose [endpoints] to use (default: configs/node.toml if present)")
+    p.add_argument("--config", help="node config whose [endpoints] to use (default: the packaged node.toml)")
     p.add_argument("--tap", nargs="?", const="auto", default=None, metavar="ENDPOINT",
                    help="also publish every frame on the sensor tap (to record the replay)")
     p.add_argument("--run-dir", help="where to write summary.json and roundtrip.npz (default: runs/<id>/)")
@@ -28,10 +28,10 @@ def run(args):
     import sys
 
     from control_node.errors import UserError
-    from control_node.replay import recorded_answers, verify
-    from sim import engine
-    from sim.endpoints import load_endpoints
-    from sim.streams import replay_stream
+    from control_node.recording.reader import recorded_answers, verify
+    from control_node.sim import engine
+    from control_node.config import client_endpoints as load_endpoints
+    from control_node.sim.streams import replay_stream
     if args.verify and args.loop:
         raise UserError("--verify and --loop do not go together")
     from control_node.security import client_curve_from_config_path

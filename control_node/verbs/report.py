@@ -19,12 +19,12 @@ def register(sub):
 def run(args):
     import json
 
-    from control_node import reports
-    doc, out = reports.generate(args.run_dirs, out=args.out, plots=not args.no_plots)
+    from control_node import report
+    doc, out = report.generate(args.run_dirs, out=args.out, plots=not args.no_plots)
     if args.json:
         print(json.dumps(doc, indent=2))
     else:
-        reports.print_terminal(doc["runs"])
+        report.print_terminal(doc["runs"])
         print(f"wrote {out / 'report.html'}, report.json, .hgrm files" + ("" if args.no_plots else ", PNG plots")
               + f" in {out}")
     return 0

@@ -6,7 +6,7 @@ def register(sub):
                        description="Load and verify the model, bind the sensor/action/diagnostics sockets, set the "
                                    "process up for real time, and run the control loop until SIGINT/SIGTERM or "
                                    "--duration. Prints `ready ...` once cycles run, and the run directory at exit.")
-    p.add_argument("--config", default=None, help="TOML config (default: configs/node.toml)")
+    p.add_argument("--config", default=None, help="TOML config (default: the packaged node.toml)")
     p.add_argument("--model", default=None, help="model file (default: [node].model, models/iris.npz)")
     p.add_argument("--duration", type=float, default=None, metavar="S", help="seconds to run (default: until a signal)")
     p.add_argument("--rate", type=float, default=None, metavar="HZ", help="loop rate (default: [loop].rate_hz, 1000)")

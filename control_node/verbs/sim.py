@@ -11,7 +11,7 @@ def register(sub):
                    help="gauss: per-class Gaussians fitted to iris, regime switching; iris: the real samples; "
                         "replay FILE: an MCAP recording's /sensor stream (default: %(default)s)")
     p.add_argument("file", nargs="?", help="the recording, for the replay stream")
-    p.add_argument("--config", help="node config whose [endpoints] to use (default: configs/node.toml if present)")
+    p.add_argument("--config", help="node config whose [endpoints] to use (default: the packaged node.toml)")
     p.add_argument("--rate", type=float, default=1000.0, help="frames per second (default: %(default)s); "
                    "for replay: speed factor of the recorded schedule (default 1.0)")
     p.add_argument("--duration", type=float, default=None,
@@ -44,8 +44,8 @@ def run(args):
     import sys
 
     from control_node.errors import UserError
-    from sim import engine, streams
-    from sim.endpoints import load_endpoints
+    from control_node.sim import engine, streams
+    from control_node.config import client_endpoints as load_endpoints
     if args.exit_code is not None:  # test hook: a simulator that dies
         print(f"sim: exiting with code {args.exit_code} as asked (--exit-code)", file=sys.stderr)
         return args.exit_code

@@ -7,7 +7,7 @@ def register(sub):
                                    "them refreshing in place. Ctrl-C to quit.")
     t.add_argument("--endpoint", metavar="ENDPOINT",
                    help="diagnostics endpoint (default: [endpoints] diagnostics from --config)")
-    t.add_argument("--config", metavar="FILE", help="node config (default: configs/node.toml if present)")
+    t.add_argument("--config", metavar="FILE", help="node config (default: the packaged node.toml)")
     t.add_argument("--once", action="store_true", help="print one snapshot and exit (for scripts)")
     t.add_argument("--timeout", type=float, metavar="S",
                    help="give up when no diagnostics arrive for S seconds (default: 5 with --once, "

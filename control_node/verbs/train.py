@@ -23,8 +23,8 @@ def register(sub):
 def run(args):
     import joblib
 
-    from kernels.reference import reference_predict
-    from train.iris import export_verified, spec_from_sklearn, train_iris
+    from control_node.kernels.reference import reference_predict
+    from control_node.train.iris import export_verified, spec_from_sklearn, train_iris
     dtype = {"f64": "float64", "f32": "float32"}[args.dtype]
     if args.from_sklearn:
         from sklearn.datasets import load_iris

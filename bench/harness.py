@@ -1,6 +1,9 @@
-"""Test and benchmark helpers: private endpoints, a node config, and the real node as a child process.
+"""A harness for checking the node: private endpoints, a node config, and the real node as a child
+process that is always reaped.
 
-Used by ``tests/`` and ``bench/`` alike, so that there is one way to start a node for a check.
+Used by ``tests/`` and ``bench/`` alike, so that there is one way to start a node for a check. Children
+run the installed package (``python -m control_node``) from :data:`CHILD_CWD`, a scratch directory
+outside the repository, so that nothing they do depends on (or writes into) the source tree.
 """
 from __future__ import annotations
 
@@ -11,7 +14,7 @@ import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CHILD_CWD = tempfile.mkdtemp(prefix="cn-children-")
 
 
 def make_endpoint_dir():
@@ -48,16 +51,14 @@ def write_node_config(path, ep_dir, extra="", transport="ipc"):
 
 
 def child_env():
-    env = dict(os.environ)
-    env["PYTHONUNBUFFERED"] = "1"
-    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
-    return env
+    """The environment for children: this one, unbuffered (their lines arrive as they are printed)."""
+    return {**os.environ, "PYTHONUNBUFFERED": "1"}
 
 
 def run_cli(*args, timeout=60, env=None):
     """``python -m control_node ARGS`` to completion (CompletedProcess, text, output captured);
     ``env``: extra environment variables, e.g. ``{"COLUMNS": "160"}`` for a wide terminal layout."""
-    return subprocess.run([sys.executable, "-m", "control_node", *map(str, args)], cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "control_node", *map(str, args)], cwd=CHILD_CWD,
                           env={**child_env(), **(env or {})}, capture_output=True, text=True, timeout=timeout)
 
 
@@ -69,11 +70,14 @@ class NodeProcess:
     ``(returncode, stdout, stderr, run_dir)``; used as a context manager it stops on exit.
     """
 
+    started = []            # every NodeProcess ever started: reap() kills those still running
+
     def __init__(self, config, model, *args, ready_timeout=30.0):
         cmd = [sys.executable, "-m", "control_node", "run", "--config", str(config), "--model", str(model),
                *map(str, args)]
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, env=child_env(), stdout=subprocess.PIPE,
+        self.proc = subprocess.Popen(cmd, cwd=CHILD_CWD, env=child_env(), stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True, start_new_session=True)
+        NodeProcess.started.append(self)
         deadline = time.monotonic() + ready_timeout
         self.ready_line = None
         while time.monotonic() < deadline:
@@ -99,7 +103,7 @@ class NodeProcess:
             if line.startswith("run directory: "):
                 run_dir = line[len("run directory: "):].strip()
         if run_dir and not os.path.isabs(run_dir):
-            run_dir = os.path.join(ROOT, run_dir)
+            run_dir = os.path.join(CHILD_CWD, run_dir)
         return self.proc.returncode, out, err, run_dir
 
     def kill(self):
@@ -120,3 +124,10 @@ class NodeProcess:
         except subprocess.TimeoutExpired:
             self.kill()
         return False
+
+    @classmethod
+    def reap(cls, since: int = 0) -> None:
+        """SIGKILL every node started after the first ``since`` that is still running (a failed check
+        must not leave a SCHED_FIFO node spinning on the loop core)."""
+        while len(cls.started) > since:
+            cls.started.pop().kill()

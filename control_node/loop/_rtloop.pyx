@@ -14,7 +14,10 @@ cimport numpy as cnp
 from libc.stdint cimport int16_t, int64_t, uint8_t, uint64_t
 from libc.string cimport memcpy
 
-from kernels._policy cimport Policy
+from control_node.kernels._policy cimport Policy
+
+from control_node import rundir
+from control_node.rundir import HIST_NAMES, REASONS
 
 cnp.import_array()
 
@@ -39,6 +42,11 @@ cdef extern from "frame_codec.h" nogil:
         CN_OVERSIZED
         CN_MULTIPART
         CN_MALFORMED
+        CN_NOT_A_MAP
+        CN_MISSING_FIELD
+        CN_WRONG_TYPE
+        CN_FEATURE_COUNT
+        CN_NON_FINITE
         CN_SEQ_NOT_INCREASING
         CN_NON_FINITE_OUTPUT
         CN_N_REASONS
@@ -50,6 +58,7 @@ cdef extern from "frame_codec.h" nogil:
 
 cdef extern from "rt_hist.h" nogil:
     enum: CN_HIST_BUCKETS
+    enum: CN_HIST_SUB_BITS
     void cn_hist_record(int64_t *counts, int64_t v)
 
 ctypedef struct zmq_pollitem_t:
@@ -69,7 +78,7 @@ cdef enum:
     ZMQ_RCVMORE = 13
     ZMQ_POLLIN = 1
 
-# per-cycle flags (cycles.npz "flags")
+# per-cycle flags (cycles.npz "flags"): the bits of control_node.rundir.FLAGS, checked at import below
 cdef enum:
     FLAG_MISS = 1
     FLAG_STALE = 2
@@ -78,15 +87,7 @@ cdef enum:
     FLAG_NEW_FRAME = 16
     FLAG_NO_FRAME_YET = 32     # no valid frame since start: seq in the ring is meaningless
 
-FLAGS = {"miss": FLAG_MISS, "stale": FLAG_STALE, "rejected": FLAG_REJECTED, "safe": FLAG_SAFE,
-         "new_frame": FLAG_NEW_FRAME, "no_frame_yet": FLAG_NO_FRAME_YET}
-
-REASONS = ("ok", "oversized", "multipart", "malformed", "not_a_map", "missing_field", "wrong_type",
-           "feature_count", "non_finite", "seq_not_increasing", "non_finite_output")
-
-# streaming histograms (whole run): one row per quantity
-HIST_NAMES = ("wake_latency_ns", "cycle_time_ns", "input_age_ns", "recv_ns", "infer_ns", "publish_ns",
-              "period_ns")
+# streaming histograms (whole run): rows in control_node.rundir.HIST_NAMES order
 DEF H_WAKE = 0
 DEF H_CYCLE = 1
 DEF H_AGE = 2
@@ -116,7 +117,7 @@ cdef class RtLoop:
 
     Parameters are plain numbers (validated by ``control_node.config``); socket
     handles are pyzmq ``Socket.underlying`` addresses and ``fns`` maps libzmq
-    function names to addresses (``control_node.transport.libzmq_functions``).
+    function names to addresses (``control_node.loop.libzmq.libzmq_functions``).
     """
     cdef Policy policy
     cdef void *sub
@@ -188,17 +189,7 @@ cdef class RtLoop:
         self.scratch = self.x_new + self.n_features
         self.capacity = max(ring_cycles, 1)
         n = self.capacity
-        ring = {
-            "cycle": np.zeros(n, np.int64), "t_tick_ns": np.zeros(n, np.int64),
-            "wake_latency_ns": np.zeros(n, np.int64), "recv_ns": np.zeros(n, np.int64),
-            "infer_ns": np.zeros(n, np.int64), "publish_ns": np.zeros(n, np.int64),
-            "cycle_time_ns": np.zeros(n, np.int64), "period_ns": np.zeros(n, np.int64),
-            "input_age_ns": np.zeros(n, np.int64), "flags": np.zeros(n, np.uint8),
-            "action": np.zeros(n, np.int16), "seq": np.zeros(n, np.uint64),
-        }
-        for a in ring.values():
-            a.fill(1)      # touch every page now (np.zeros maps them lazily)
-            a.fill(0)
+        ring = rundir.new_ring(n)
         self.ring = ring
         self.histograms = np.zeros((N_HIST, CN_HIST_BUCKETS), dtype=np.int64)
         self.hist = <int64_t *> cnp.PyArray_DATA(self.histograms)
@@ -461,3 +452,25 @@ def encode_action(seq, int64_t t_ns, uint64_t cycle, int action, bint safe):
     cdef bint have = seq >= 0
     cdef size_t n = cn_encode_action(out, <uint64_t> (seq if have else 0), have, t_ns, cycle, action, safe)
     return out[:n]
+
+
+def compiled_constants():
+    """The C constants this module was compiled with, for :func:`control_node.rundir.check_compiled`."""
+    return {
+        "flags": {"miss": FLAG_MISS, "stale": FLAG_STALE, "rejected": FLAG_REJECTED, "safe": FLAG_SAFE,
+                  "new_frame": FLAG_NEW_FRAME, "no_frame_yet": FLAG_NO_FRAME_YET},
+        "reasons": {"ok": CN_OK, "oversized": CN_OVERSIZED, "multipart": CN_MULTIPART, "malformed": CN_MALFORMED,
+                    "not_a_map": CN_NOT_A_MAP, "missing_field": CN_MISSING_FIELD, "wrong_type": CN_WRONG_TYPE,
+                    "feature_count": CN_FEATURE_COUNT, "non_finite": CN_NON_FINITE,
+                    "seq_not_increasing": CN_SEQ_NOT_INCREASING, "non_finite_output": CN_NON_FINITE_OUTPUT},
+        "hist": {"wake_latency_ns": H_WAKE, "cycle_time_ns": H_CYCLE, "input_age_ns": H_AGE, "recv_ns": H_RECV,
+                 "infer_ns": H_INFER, "publish_ns": H_PUB, "period_ns": H_PERIOD},
+        "hist_sub_bits": CN_HIST_SUB_BITS, "hist_buckets": CN_HIST_BUCKETS,
+        "ring": {"cycle": sizeof(int64_t), "t_tick_ns": sizeof(int64_t), "wake_latency_ns": sizeof(int64_t),
+                 "recv_ns": sizeof(int64_t), "infer_ns": sizeof(int64_t), "publish_ns": sizeof(int64_t),
+                 "cycle_time_ns": sizeof(int64_t), "period_ns": sizeof(int64_t), "input_age_ns": sizeof(int64_t),
+                 "flags": sizeof(uint8_t), "action": sizeof(int16_t), "seq": sizeof(uint64_t)},
+    }
+
+
+rundir.check_compiled(compiled_constants())   # a reordered C enum or ring field fails here, loudly

@@ -1,42 +1,12 @@
-"""ZeroMQ sockets for the node, and the libzmq entry points its compiled loop calls.
-
-The loop calls libzmq directly (no GIL, no Python objects). Rather than linking
-against the privately named libzmq inside pyzmq's wheel at build time (fragile
-across pyzmq upgrades), we look up, at run time, the very library that pyzmq
-loaded into this process and take the addresses of five stable C functions.
-"""
+"""The node's ZeroMQ sockets: bound, secured and sized before the loop starts."""
 from __future__ import annotations
 
-import ctypes
 import os
 
 import zmq
 
+from control_node.endpoints import ipc_path, runtime_dir
 from control_node.errors import UserError
-
-LIBZMQ_FUNCTIONS = ("zmq_recv", "zmq_send", "zmq_getsockopt", "zmq_errno", "zmq_poll")
-
-
-def _loaded_libzmq_path() -> str:
-    import zmq.backend.cython  # noqa: F401  (loads libzmq into the process)
-    with open("/proc/self/maps") as maps:
-        for line in maps:
-            path = line.split()[-1] if len(line.split()) >= 6 else ""
-            if "libzmq" in os.path.basename(path):
-                return path
-    raise UserError("cannot find the libzmq that pyzmq loaded (no 'libzmq' in /proc/self/maps); "
-                    "reinstall pyzmq")
-
-
-def libzmq_functions() -> dict:
-    """Addresses (ints) of the libzmq functions the loop uses, from pyzmq's own libzmq."""
-    lib = ctypes.CDLL(_loaded_libzmq_path(), mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
-    return {name: ctypes.cast(getattr(lib, name), ctypes.c_void_p).value for name in LIBZMQ_FUNCTIONS}
-
-
-def ipc_path(endpoint: str) -> str | None:
-    return endpoint[len("ipc://"):] if endpoint.startswith("ipc://") else None
-
 
 class NodeSockets:
     """The node's three bound sockets: sensor SUB, action PUB, diagnostics PUB.
@@ -50,7 +20,6 @@ class NodeSockets:
     PUB_MAXMSGSIZE = 1024
 
     def __init__(self, endpoints: dict, max_frame_bytes: int, send_hwm: int = 1000, security: dict | None = None):
-        from control_node.config import runtime_dir
         from control_node.security import ServerCurve, check_runtime_dir
         self.ctx = zmq.Context.instance()
         self.endpoints = dict(endpoints)

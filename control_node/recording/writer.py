@@ -1,8 +1,5 @@
-"""Record the node's streams to MCAP: /sensor (from the sensor tap), /action, /diagnostics.
+"""Record the node's streams to MCAP, in the format of :mod:`control_node.recording`.
 
-Each message is stored exactly as received (msgpack bytes, message encoding ``msgpack``, no schema),
-with a per-channel sequence number; ``log_time`` and ``publish_time`` are the recorder's wall clock
-(ns since the epoch) at receipt; the sender's own monotonic stamps stay in the payload (``t_ns``).
 Chunks are compressed (zstd if available, else lz4, else none) and flushed to disk at least every
 ``flush_interval`` seconds, so a killed recorder leaves a file readable up to its last complete chunk.
 """
@@ -11,7 +8,7 @@ from __future__ import annotations
 import os
 import time
 
-TOPICS = ("/sensor", "/action", "/diagnostics")
+from control_node.recording import MESSAGE_ENCODING, TOPIC_ENDPOINTS, TOPICS
 
 
 def best_compression():
@@ -38,7 +35,7 @@ def record(endpoints, out, duration=None, flush_interval=1.0, chunk_size=256 * 1
 
     ctx = zmq.Context.instance()
     socks = {}
-    for topic, key in (("/sensor", "sensor_tap"), ("/action", "action"), ("/diagnostics", "diagnostics")):
+    for topic, key in TOPIC_ENDPOINTS.items():
         s = ctx.socket(zmq.SUB)
         s.setsockopt(zmq.LINGER, 0)
         s.setsockopt(zmq.RCVHWM, 100000)
@@ -54,9 +51,9 @@ def record(endpoints, out, duration=None, flush_interval=1.0, chunk_size=256 * 1
     w = Writer(f, chunk_size=chunk_size, compression=comp)
     w.start(profile="", library="control-node recorder")
     w.add_metadata("control-node", {k: str(v) for k, v in endpoints.items()})
-    chan = {t: w.register_channel(topic=t, message_encoding="msgpack", schema_id=0,
+    chan = {t: w.register_channel(topic=t, message_encoding=MESSAGE_ENCODING, schema_id=0,
                                   metadata={"endpoint": endpoints[k]})
-            for t, k in zip(TOPICS, ("sensor_tap", "action", "diagnostics"))}
+            for t, k in TOPIC_ENDPOINTS.items()}
     counts = {t: 0 for t in TOPICS}
     poller = zmq.Poller()
     by_sock = {}

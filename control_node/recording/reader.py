@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from control_node.recording import ACTION
+
 
 def iter_messages(path):
     """Yield ``(topic, data, log_time, publish_time, sequence)`` in file order.
@@ -42,7 +44,7 @@ def recorded_answers(path):
     """Map seq -> (action, safe) of the first recorded action carrying that seq."""
     import msgpack
     ans = {}
-    for raw, _lt in read_recording(path, ["/action"])["/action"]:
+    for raw, _lt in read_recording(path, [ACTION])[ACTION]:
         d = msgpack.unpackb(raw)
         s = d.get("seq", -1)
         if s >= 0 and s not in ans:

@@ -14,7 +14,10 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from control_node import reports as R  # noqa: E402
+from control_node import rundir  # noqa: E402
+from control_node.report import load as R  # noqa: E402
+from control_node.report import stats as S  # noqa: E402
+from control_node.report.load import NodeRun, Run  # noqa: E402
 
 MAX_BUCKETS = 4000
 MAX_HIST_BINS = 4000
@@ -98,11 +101,11 @@ def timeline(arrays: dict, title: str, budget_ns=None, period_ns=None) -> bytes 
     ax.fill_between(x, _us(lo), _us(hi), step="post", color="tab:blue", alpha=0.35, lw=0,
                     label=f"wake-up latency, min-max per bucket ({len(starts)} buckets of {y.size / len(starts):.3g} cycles)")
     ax.plot(x, _us(hi), drawstyle="steps-post", lw=0.6, color="tab:blue")
-    stale = bucket_any((flags & R.FLAG_STALE) != 0, starts)
+    stale = bucket_any((flags & rundir.FLAG_STALE) != 0, starts)
     if stale.any():  # a strip along the bottom: readable whether 1 or every cycle is stale
         ax.vlines(x[stale], 0, 0.04, color="orange", lw=1.5, transform=ax.get_xaxis_transform(),
                   label=f"stale (strip at the bottom; {int(stale.sum())} of {len(starts)} buckets)")
-    miss = bucket_any((flags & R.FLAG_MISS) != 0, starts)
+    miss = bucket_any((flags & rundir.FLAG_MISS) != 0, starts)
     if miss.any():
         ax.plot(x[miss], _us(hi[miss]), "x", ms=7, mew=1.5, color="red", label=f"deadline miss ({int(miss.sum())} buckets)")
     if budget_ns:
@@ -169,7 +172,7 @@ def percentile_plot(series: dict, title: str, labels: dict | None = None, colors
                 continue
             k = np.linspace(0.0, max(1.0, np.log10(total)), 300)
             p = 1.0 - 10.0 ** (-k)
-            q = R.hist_quantiles(v.counts, p * 100.0)
+            q = rundir.hist_quantiles(v.counts, p * 100.0)
             ax.plot(1.0 / (1.0 - p), q / 1e3, lw=1.5, color=color, label=label + " (streaming histogram)")
             xmax = max(xmax, 1.0 / (1.0 - p[-1]))
             continue
@@ -203,7 +206,7 @@ def percentile_plot(series: dict, title: str, labels: dict | None = None, colors
     return _png(fig)
 
 
-def _series_for(run: "R.Run", names):
+def _series_for(run: Run, names):
     out = {}
     for part, metrics in ((run.node, R.NODE_METRICS), (run.sim, R.SIM_METRICS)):
         if part is None:
@@ -211,10 +214,10 @@ def _series_for(run: "R.Run", names):
         for name, skey, *_ in metrics:
             if name not in names:
                 continue
-            complete = part.complete if isinstance(part, R.NodeRun) else part.arrays is not None
+            complete = part.complete if isinstance(part, NodeRun) else part.arrays is not None
             hist = getattr(part, "hist", None) or {}
             if complete:
-                out[name] = R.metric_values(part, name)
+                out[name] = S.metric_values(part, name)
             elif name in hist:
                 out[name] = HistCounts(hist[name])
             elif isinstance(part.summary.get(skey), dict):
@@ -222,7 +225,7 @@ def _series_for(run: "R.Run", names):
     return out
 
 
-def run_plots(run: "R.Run") -> dict:
+def run_plots(run: Run) -> dict:
     out = {}
     label = run.label
     node = run.node
@@ -234,9 +237,9 @@ def run_plots(run: "R.Run") -> dict:
         budget = (node.summary.get("budget") or {}).get("wake_latency_p99_ns")
         out["timeline"] = timeline(a, f"{label}: wake-up latency per cycle{note}", budget)
     if node is not None:
-        out["phases"] = phases(R.node_stats(node), f"{label}: per-phase time at each percentile")
+        out["phases"] = phases(S.node_stats(node), f"{label}: per-phase time at each percentile")
     elif run.sim is not None and run.sim.arrays is not None:
-        rtt = R.metric_values(run.sim, "round_trip_ns")
+        rtt = S.metric_values(run.sim, "round_trip_ns")
         out["histogram"] = histogram({"round_trip_ns": rtt}, f"{label}: round-trip histogram")
     out["percentiles"] = percentile_plot(
         _series_for(run, ["wake_latency_ns", "cycle_time_ns", "input_age_ns", "round_trip_ns"]),

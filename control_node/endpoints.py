@@ -1,0 +1,79 @@
+"""Endpoints, defined once: the runtime directory, ``{runtime_dir}`` expansion, ipc paths, tcp hosts,
+the sensor tap, and where the packaged default configs are.
+
+Every part of control-node that names a socket or a default config asks this module (the node, the
+clients, launch, the simulator, the tests). It imports only the standard library.
+"""
+from __future__ import annotations
+
+import ipaddress
+import os
+import re
+from importlib import resources
+
+NAMES = ("sensor", "action", "diagnostics")     # the node's three bound sockets
+DEFAULTS = {name: "ipc://{runtime_dir}/" + name for name in NAMES}
+LOOPBACK_NAMES = {"localhost", "lo", "127.0.0.1", "::1", "[::1]"}
+
+
+def default_config(name: str = "node.toml") -> str:
+    """Path of a config shipped in the package (``node.toml``, ``demo.toml``), read with
+    importlib.resources: never relative to the working directory."""
+    ref = resources.files("control_node.configs") / name
+    if not ref.is_file():
+        raise FileNotFoundError(f"packaged config {name} is missing from control_node.configs")
+    return os.fspath(ref)
+
+
+def runtime_dir() -> str:
+    """``$XDG_RUNTIME_DIR/control-node``, or ``/tmp/control-node-UID`` without it."""
+    base = os.environ.get("XDG_RUNTIME_DIR")
+    return os.path.join(base, "control-node") if base else f"/tmp/control-node-{os.getuid()}"
+
+
+def expand(ep: str) -> str:
+    """``{runtime_dir}`` in an endpoint replaced by :func:`runtime_dir`."""
+    return ep.replace("{runtime_dir}", runtime_dir())
+
+
+def ipc_path(ep: str) -> str | None:
+    """The socket file of an ``ipc://`` endpoint, else None."""
+    return ep[len("ipc://"):] if ep.startswith("ipc://") else None
+
+
+def ensure_ipc_dir(ep: str) -> None:
+    """Create the (private, 0700) directory of an ipc endpoint; nothing for tcp."""
+    p = ipc_path(ep)
+    if p:
+        os.makedirs(os.path.dirname(p) or ".", mode=0o700, exist_ok=True)
+
+
+def derive_tap(sensor_ep: str) -> str:
+    """Default sensor-tap endpoint: ``<sensor ipc path>_tap``, or the sensor's TCP port + 100."""
+    if sensor_ep.startswith("ipc://"):
+        return sensor_ep + "_tap"
+    m = re.match(r"^(tcp://[^:]+):(\d+)$", sensor_ep)
+    if m:
+        return f"{m.group(1)}:{int(m.group(2)) + 100}"
+    raise ValueError(f"cannot derive a tap endpoint from {sensor_ep!r}; give --tap ENDPOINT")
+
+
+def tcp_host(endpoint: str) -> str | None:
+    """The host part of a tcp:// endpoint (``tcp://HOST:PORT``, ``tcp://[v6]:PORT``), else None."""
+    if not endpoint.startswith("tcp://"):
+        return None
+    rest = endpoint[len("tcp://"):]
+    if ";" in rest:                            # tcp://SOURCE;HOST:PORT (connect only): the host after ';'
+        rest = rest.split(";", 1)[1]
+    host = rest.rsplit(":", 1)[0]
+    return host[1:-1] if host.startswith("[") and host.endswith("]") else host
+
+
+def is_loopback_host(host: str) -> bool:
+    """True for localhost and loopback addresses; False for "*", 0.0.0.0, interface or DNS names."""
+    if host in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

@@ -1,0 +1,206 @@
+"""The report's statistics: percentiles of raw arrays (numpy linear) or of summary.json, worst
+events, the verdict against the run's budget, the machine-readable run summary and comparisons.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from control_node.rundir import FLAG_MISS
+from control_node.report.load import PCTS, STAT_KEYS, NODE_METRICS, SIM_METRICS, EXTRA_COUNTERS, NodeRun, SimRun, Run
+
+def array_stats(values: np.ndarray) -> dict:
+    """Percentiles (numpy default linear method), max, mean, count of a 1-D array, in its unit."""
+    v = np.asarray(values)
+    if v.size == 0:
+        return {**{k: None for k in STAT_KEYS}, "mean": None, "count": 0}
+    q = np.percentile(v, [p for _, p in PCTS])
+    out = {k: float(x) for (k, _), x in zip(PCTS, q)}
+    out["max"] = float(v.max())
+    out["mean"] = float(v.mean(dtype=np.float64))
+    out["count"] = int(v.size)
+    return out
+
+
+def metric_values(run_part, metric: str) -> np.ndarray | None:
+    """Raw samples of a metric (ns) from the arrays, or None. Input age -1 / rtt < 0 mean 'none'."""
+    a = run_part.arrays
+    if a is None:
+        return None
+    table = {m[0]: m[2] for m in NODE_METRICS + SIM_METRICS}
+    v = a[table[metric]]
+    if metric in ("input_age_ns", "round_trip_ns"):
+        v = v[v >= 0]
+    return v
+
+
+def _summary_stats(d) -> dict:
+    if not isinstance(d, dict):
+        return {**{k: None for k in STAT_KEYS}, "mean": None, "count": 0}
+    out = {k: (None if d.get(k) is None else float(d[k])) for k in STAT_KEYS + ["mean"]}
+    out["count"] = int(d.get("count") or 0)
+    return out
+
+
+def node_stats(node: NodeRun) -> dict:
+    """metric -> stats dict with 'source' ('arrays' or 'summary')."""
+    out = {}
+    for name, skey, _akey, _t in NODE_METRICS:
+        if node.complete:
+            st = array_stats(metric_values(node, name))
+            st["source"] = "arrays"
+        else:
+            st = _summary_stats(node.summary.get(skey))
+            st["source"] = "summary"
+        out[name] = st
+    return out
+
+
+def sim_stats(sim: SimRun) -> dict:
+    if sim.arrays is not None:
+        st = array_stats(metric_values(sim, "round_trip_ns"))
+        st["source"] = "arrays"
+    else:
+        st = _summary_stats(sim.summary.get("round_trip_ns"))
+        st["source"] = "summary"
+    return {"round_trip_ns": st}
+
+
+def worst_events(node: NodeRun, n: int = 10) -> dict:
+    """Cycle numbers of the deadline misses (worst first by cycle time) and the worst wake-ups."""
+    a = node.arrays
+    if not node.complete:
+        # the ring holds only the last cycles: summary.json's worst_cycles cover the whole run; add the
+        # misses the ring saw
+        wc = list(node.summary.get("worst_cycles") or [])
+        misses = {int(w["cycle"]): int(w.get("cycle_time_ns") or 0) for w in wc if int(w.get("flags", 0)) & FLAG_MISS}
+        if a is not None:
+            idx = np.flatnonzero(a["flags"] & FLAG_MISS)
+            for c, t in zip(a["cycle"][idx][:1000].tolist(), a["cycle_time_ns"][idx][:1000].tolist()):
+                misses.setdefault(c, t)
+        order = sorted(misses, key=lambda c: -misses[c])
+        return {"source": "summary", "deadline_miss_cycles": order[:n], "worst_cycles": wc[:n]}
+    flags = a["flags"]
+    miss_idx = np.flatnonzero(flags & FLAG_MISS)
+    if miss_idx.size:
+        order = np.argsort(a["cycle_time_ns"][miss_idx], kind="stable")[::-1][:n]
+        miss_idx = miss_idx[order]
+    k = min(n, a["wake_latency_ns"].size)
+    worst = np.argpartition(a["wake_latency_ns"], -k)[-k:] if k else np.array([], dtype=np.int64)
+    worst = worst[np.argsort(a["wake_latency_ns"][worst], kind="stable")[::-1]]
+    rows = [{"cycle": int(a["cycle"][i]), "wake_latency_ns": int(a["wake_latency_ns"][i]),
+             "cycle_time_ns": int(a["cycle_time_ns"][i]), "flags": int(flags[i])} for i in worst]
+    return {"source": "arrays", "deadline_miss_cycles": [int(a["cycle"][i]) for i in miss_idx], "worst_cycles": rows}
+
+
+def verdict(node: NodeRun, stats: dict) -> dict:
+    s = node.summary
+    budget = s.get("budget") or {}
+    checks = []        # (text, within budget)
+    wl = stats["wake_latency_ns"]["p99"]
+    b = budget.get("wake_latency_p99_ns")
+    if b is not None and wl is not None:
+        good = wl <= b
+        checks.append((f"wake-up p99 {fmt_us(wl)} {'within' if good else 'over'} budget {fmt_us(b)}", good))
+    ct = stats["cycle_time_ns"]["max"]
+    b = budget.get("cycle_time_max_ns")
+    if b is not None and ct is not None:
+        good = ct <= b
+        checks.append((f"worst cycle time {fmt_us(ct)} {'within' if good else 'over'} budget {fmt_us(b)}", good))
+    misses = int(s.get("deadline_misses") or 0)
+    allowed = int(budget.get("deadline_misses") or 0)      # runs written before this key allowed none
+    checks.append((f"{misses} deadline miss{'es' if misses != 1 else ''}"
+                   + (f" {'within' if misses <= allowed else 'over'} budget {allowed}" if allowed else ""),
+                   misses <= allowed))
+    if not budget:
+        checks.append(("no budget in summary.json", True))
+    failed = [t for t, good in checks if not good]
+    passed = [t for t, good in checks if good]
+    text = ("FAIL: " + "; ".join(failed) + (" (ok: " + "; ".join(passed) + ")" if passed else "")
+            if failed else "PASS: " + "; ".join(passed))
+    return {"ok": not failed, "text": text}
+
+
+def fmt_us(ns) -> str:
+    if ns is None:
+        return "-"
+    us = ns / 1e3
+    a = abs(us)
+    if a >= 10000:
+        return f"{us / 1e3:.2f} ms"
+    if a >= 100:
+        return f"{us:.0f} us"
+    if a >= 10 or a == 0:
+        return f"{us:.1f} us"
+    if a >= 1:
+        return f"{us:.2f} us"
+    return f"{us:.3f} us"
+
+
+def run_summary(run: Run) -> dict:
+    """The machine-readable report of one run (what --json prints)."""
+    out = {"path": str(run.path), "label": run.label}
+    if run.node is not None:
+        s, node = run.node.summary, run.node
+        stats = node_stats(node)
+        out["node"] = {
+            "path": str(node.path), "run_id": s.get("run_id"), "started_at": s.get("started_at"),
+            "duration_s": s.get("duration_s"), "rate_hz": s.get("rate_hz"), "clock_mode": s.get("clock_mode"),
+            "achieved_rate_hz": s.get("achieved_rate_hz"), "cycles": s.get("cycles"),
+            "deadline_misses": s.get("deadline_misses"), "stale_cycles": s.get("stale_cycles"),
+            "safe_actions": s.get("safe_actions"), "superseded": s.get("superseded"),
+            "frames_valid": s.get("frames_valid"), "rejected": s.get("rejected") or {},
+            "rejected_total": s.get("rejected_total"), "ring": s.get("ring"),
+            **{k: s[k] for k, _ in EXTRA_COUNTERS if k in s},
+            "percentile_method": ("numpy.percentile, linear interpolation, over all cycles" if node.complete
+                                  else "summary.json (node's streaming histogram; ring incomplete)"),
+            "stats": stats, "events": worst_events(node), "budget": s.get("budget"), "verdict": verdict(node, stats),
+            "rt": s.get("rt") or {}, "model": s.get("model"), "host": s.get("host"), "process": s.get("process"),
+        }
+    if run.sim is not None:
+        s = run.sim.summary
+        out["sim"] = {"path": str(run.sim.path), "role": s.get("role"), **{k: s.get(k) for k in
+                      ("frames_sent", "actions_received", "actions_lost", "safe_actions", "accuracy", "stream")},
+                      "stats": sim_stats(run.sim)}
+    return out
+
+
+def all_stats(rs: dict) -> dict:
+    st = dict(rs.get("node", {}).get("stats", {}))
+    st.update(rs.get("sim", {}).get("stats", {}))
+    return st
+
+
+def comparison(summaries: list[dict]) -> list[dict]:
+    """Rows: metric, percentile, value per run (ns), ratio of each later run to the first."""
+    rows = []
+    stats = [all_stats(s) for s in summaries]
+    names = [m[0] for m in NODE_METRICS + SIM_METRICS]
+    for name in names:
+        if not any(name in st for st in stats):
+            continue
+        for k in STAT_KEYS:
+            vals = [st.get(name, {}).get(k) for st in stats]
+            base = vals[0]
+            ratios = [None if (base in (None, 0) or v is None) else v / base for v in vals[1:]]
+            rows.append({"metric": name, "stat": k, "values_ns": vals, "ratios": ratios})
+    return rows
+
+
+def fmt_num(x, digits=3) -> str:
+    """A float with ``digits`` decimals; anything else as str()."""
+    return f"{x:.{digits}f}" if isinstance(x, float) else str(x)
+
+
+def us_num(ns) -> str:
+    """A latency in microseconds, number only, 3-4 significant digits (tables titled '(us)')."""
+    if ns is None:
+        return "-"
+    us = ns / 1e3
+    a = abs(us)
+    if a >= 100 or a == 0:
+        return f"{us:.0f}" if a >= 100 else "0"
+    if a >= 10:
+        return f"{us:.1f}"
+    if a >= 1:
+        return f"{us:.2f}"
+    return f"{us:.3f}"

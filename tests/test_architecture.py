@@ -1,0 +1,219 @@
+"""The import graph of the package: dependencies point one way, no cycles, the hot path imports nothing
+above it. Read from the source (every import statement, also those inside functions), so a lazy
+import counts as much as a top-level one.
+
+Tiers, bottom up (a module may import its own tier and those below):
+  kernels               the policy kernel: nothing of control_node outside control_node.kernels
+  errors, rundir,       leaves: formats and endpoint helpers, standard library and numpy only
+  endpoints
+  loop                  the hot path: loop itself, rundir, errors, kernels
+  node level            config, security, sockets, node, report, recording, monitor, launch
+  sim, train, bench     tools: never imported by the node level
+  cli, verbs            the composition root: the only code that imports sim, train and bench
+"""
+from __future__ import annotations
+
+import ast
+import os
+import re
+import tomllib
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+TOOLS = ("control_node.sim", "control_node.train", "control_node.bench")
+ROOT_TIER = ("control_node.cli", "control_node.__main__", "control_node.verbs")
+LEAVES = ("control_node.errors", "control_node.rundir", "control_node.endpoints")
+HOT = "control_node.loop"
+REPORT = "control_node.report"
+
+
+def _under(mod: str, prefixes) -> bool:
+    return any(mod == p or mod.startswith(p + ".") for p in ((prefixes,) if isinstance(prefixes, str) else prefixes))
+
+
+def package_dirs() -> dict:
+    """Import name -> source folder, from pyproject.toml (what the wheel ships)."""
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+        st = tomllib.load(f)["tool"]["setuptools"]
+    mapping = st.get("package-dir", {})
+    out = {}
+    for pkg in st["packages"]:
+        # the nearest mapped parent decides the folder (setuptools' rule)
+        parts = pkg.split(".")
+        for i in range(len(parts), 0, -1):
+            head = ".".join(parts[:i])
+            if head in mapping:
+                out[pkg] = os.path.join(ROOT, mapping[head], *parts[i:])
+                break
+        else:
+            out[pkg] = os.path.join(ROOT, *parts)
+    return out
+
+
+def read_sources() -> dict:
+    """Module name -> (path, source text) for every .py and .pyx the packages hold."""
+    out = {}
+    for pkg, d in package_dirs().items():
+        for name in sorted(os.listdir(d)):
+            stem, ext = os.path.splitext(name)
+            if ext not in (".py", ".pyx"):
+                continue
+            mod = pkg if stem == "__init__" else f"{pkg}.{stem}"
+            with open(os.path.join(d, name)) as f:
+                out[mod] = (os.path.join(d, name), f.read())
+    return out
+
+
+PYX_IMPORT = re.compile(r"^\s*(?:from\s+([\w.]+)\s+c?import\s+([\w, ]+)|c?import\s+([\w.]+))", re.M)
+
+
+def imports_of(mod: str, path: str, text: str, known: set) -> set:
+    """control_node modules that ``mod`` imports (resolving relative imports and `from pkg import sub`)."""
+    is_pkg = os.path.basename(path).startswith("__init__.")
+    pkg = mod if is_pkg else mod.rpartition(".")[0]
+    found = set()
+
+    def add(base, names=()):
+        if not base.startswith("control_node"):
+            return
+        subs = [f"{base}.{n}" for n in names if f"{base}.{n}" in known]
+        found.update(subs)
+        if len(subs) < len(names) or not names:       # something imported from the module itself
+            found.add(base)
+
+    if path.endswith(".pyx"):
+        for m in PYX_IMPORT.finditer(text):
+            if m.group(1):
+                add(m.group(1), [n.strip() for n in m.group(2).split(",")])
+            else:
+                add(m.group(3))
+        return found - {mod}
+    for node in ast.walk(ast.parse(text, path)):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                add(a.name)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = pkg.split(".")
+                anchor = anchor[:len(anchor) - (node.level - 1)]
+                base = ".".join(anchor + ([base] if base else []))
+            add(base, [a.name for a in node.names])
+    # importlib.import_module(f"control_node.verbs.{verb}") in cli.py: a dynamic edge to the verbs
+    if "import_module(f\"control_node.verbs." in text:
+        found.update(k for k in known if k.startswith("control_node.verbs."))
+    return found - {mod}
+
+
+def import_graph(sources: dict) -> dict:
+    known = set(sources)
+    return {mod: imports_of(mod, path, text, known) for mod, (path, text) in sources.items()}
+
+
+def violations(graph: dict) -> list[str]:
+    """Every edge that breaks the tiers, and every import cycle."""
+    bad = []
+    for mod, deps in sorted(graph.items()):
+        for dep in sorted(deps):
+            why = None
+            if _under(mod, "control_node.kernels") and not _under(dep, "control_node.kernels"):
+                why = "the kernel imports nothing of control_node outside itself"
+            elif _under(mod, LEAVES) and not _under(dep, LEAVES):
+                why = "errors, rundir and endpoints are leaves"
+            elif _under(mod, HOT) and not _under(dep, (HOT, "control_node.kernels", *LEAVES)):
+                why = "the hot path imports only itself, the kernel, rundir and errors"
+            elif _under(mod, REPORT) and not _under(dep, (REPORT, *LEAVES)):
+                why = "the report reads runs through rundir only"
+            elif _under(dep, TOOLS) and not _under(mod, (*TOOLS, *ROOT_TIER)):
+                why = "only the CLI (verbs) imports sim, train and bench"
+            elif _under(dep, ROOT_TIER) and not _under(mod, ROOT_TIER):
+                why = "nothing imports the CLI"
+            elif _under(mod, ("control_node.sim", "control_node.train")) and _under(dep, "control_node.bench"):
+                why = "sim and train do not import bench"
+            elif _under(mod, "control_node.train") and _under(dep, "control_node.sim") or \
+                    _under(mod, "control_node.sim") and _under(dep, "control_node.train"):
+                why = "sim and train are independent"
+            if why:
+                bad.append(f"{mod} imports {dep}: {why}")
+    bad += [f"import cycle: {' -> '.join(c)}" for c in cycles(graph)]
+    return bad
+
+
+def cycles(graph: dict) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index, low, stack, on, out = {}, {}, [], set(), []
+    counter = [0]
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in graph.get(v, ()):
+            if w not in graph:
+                continue
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_the_import_graph_follows_the_tiers():
+    graph = import_graph(read_sources())
+    assert "control_node.loop._rtloop" in graph and "control_node.kernels._policy" in graph
+    assert "control_node.kernels" in graph["control_node.loop._rtloop"] or \
+        "control_node.kernels._policy" in graph["control_node.loop._rtloop"]      # the .pyx was read
+    assert violations(graph) == []
+
+
+def test_a_hot_path_module_importing_the_report_fails_the_check():
+    sources = read_sources()
+    sources["control_node.loop.bad"] = ("control_node/loop/bad.py",
+                                        "def f():\n    from control_node.report import generate\n")
+    bad = violations(import_graph(sources))
+    assert bad == ["control_node.loop.bad imports control_node.report: the hot path imports only itself, "
+                   "the kernel, rundir and errors"], bad
+
+
+def test_a_node_module_importing_the_simulator_fails_the_check():
+    sources = read_sources()
+    path, text = sources["control_node.monitor"]
+    sources["control_node.monitor"] = (path, text + "\nfrom control_node.sim import engine\n")
+    bad = violations(import_graph(sources))
+    assert any(b.startswith("control_node.monitor imports control_node.sim") for b in bad), bad
+
+
+def test_a_cycle_fails_the_check():
+    sources = read_sources()
+    path, text = sources["control_node.config"]
+    sources["control_node.config"] = (path, text + "\nimport control_node.node\n")
+    bad = violations(import_graph(sources))
+    assert any(b.startswith("import cycle:") and "control_node.config" in b for b in bad), bad
+
+
+def test_every_package_folder_is_in_the_wheel():
+    """A folder with an __init__.py that pyproject.toml does not list would be missing from the wheel
+    (the way control_node/verbs/ once was)."""
+    dirs = package_dirs()
+    listed = {os.path.realpath(d) for d in dirs.values()}
+    for d in set(dirs.values()):
+        for sub in os.listdir(d):
+            full = os.path.join(d, sub)
+            if os.path.isfile(os.path.join(full, "__init__.py")):
+                assert os.path.realpath(full) in listed, f"{full} is a package but not in pyproject.toml"
