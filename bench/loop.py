@@ -24,7 +24,7 @@ import numpy as np
 
 from control_node.bench.common import machine_info, machine_lines
 
-from control_node.bench.harness import CHILD_CWD  # noqa: E402  (children run outside the source tree)
+from control_node.bench.harness import CHILD_CWD, NodeProcess, write_node_config
 PCTS = (50, 99, 99.9)
 
 
@@ -70,11 +70,9 @@ def run_cyclictest(duration, cpu, prio, tmp) -> dict:
 
 
 def write_config(tmp, extra=""):
-    eps = {k: f"ipc://{tmp}/{k}" for k in ("sensor", "action", "diagnostics")}
+    """A node config on private ipc endpoints in ``tmp``: (path, endpoints)."""
     path = os.path.join(tmp, "node.toml")
-    with open(path, "w") as f:
-        f.write("[endpoints]\n" + "".join(f'{k} = "{v}"\n' for k, v in eps.items()) + extra)
-    return path, eps
+    return path, write_node_config(path, tmp, extra)
 
 
 def py(*args):
@@ -95,12 +93,9 @@ def wait_ready(proc, timeout=60):
 def run_node(duration, model, tmp, clock="timer", feeder=True):
     cfg, eps = write_config(tmp)
     run_dir = os.path.join(tmp, f"node-{clock}")
-    node = subprocess.Popen(py("control_node", "run", "--config", cfg, "--model", model, "--quiet",
-                               "--clock", clock, "--run-dir", run_dir)
-                            + (["--duration", str(duration)] if duration else []),
-                            cwd=CHILD_CWD, stdout=subprocess.PIPE, text=True)
-    wait_ready(node)
-    return node, eps, run_dir
+    node = NodeProcess(cfg, model, "--quiet", "--clock", clock, "--run-dir", run_dir,
+                       *(["--duration", str(duration)] if duration else []), ready_timeout=60)
+    return node.proc, eps, run_dir
 
 
 def feed_until_done(proc, eps, duration):

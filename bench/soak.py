@@ -22,34 +22,7 @@ import sys
 import tempfile
 import time
 
-from control_node.bench.harness import CHILD_CWD  # noqa: E402  (children run outside the source tree)
-
-
-def _config(tmp):
-    eps = {k: f"ipc://{tmp}/{k}" for k in ("sensor", "action", "diagnostics")}
-    path = os.path.join(tmp, "node.toml")
-    with open(path, "w") as f:
-        f.write("[endpoints]\n" + "".join(f'{k} = "{v}"\n' for k, v in eps.items()))
-        f.write(f'[node]\nrun_root = "{tmp}/runs"\n')
-    return path
-
-
-def _start_node(cfg, model, run_dir, extra_args=()):
-    cmd = [sys.executable, "-m", "control_node", "run", "--config", cfg, "--run-dir", run_dir, "--quiet"]
-    if model:
-        cmd += ["--model", model]
-    cmd += list(extra_args)
-    proc = subprocess.Popen(cmd, cwd=CHILD_CWD, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            break
-        if line.startswith("ready "):
-            return proc
-    proc.kill()
-    out, err = proc.communicate()
-    raise RuntimeError(f"node did not become ready (rc={proc.returncode}):\n{out}\n{err}")
+from control_node.bench.harness import CHILD_CWD, NodeProcess, write_node_config
 
 
 def sample(proc_ps):
@@ -60,10 +33,13 @@ def sample(proc_ps):
 def soak(duration, interval, warmup, model=None, keep=None, rate=1000.0, log=print):
     import psutil
     tmp = tempfile.mkdtemp(prefix="cn-soak-")
-    cfg = _config(tmp)
+    cfg = os.path.join(tmp, "node.toml")
+    write_node_config(cfg, tmp)
     node_dir = os.path.join(keep or tmp, "node")
     sim_dir = os.path.join(keep or tmp, "sim")
-    node = _start_node(cfg, model, node_dir)
+    node_p = NodeProcess(cfg, os.path.abspath(model or os.path.join("models", "iris.npz")), "--run-dir", node_dir,
+                         "--quiet", ready_timeout=60)
+    node = node_p.proc
     sim = None
     try:
         ps = psutil.Process(node.pid)
@@ -186,7 +162,7 @@ def main(argv=None) -> int:
                     help="seconds between RSS/fd samples (default: 5, or duration/10 for short runs)")
     ap.add_argument("--warmup", type=float, default=None,
                     help="seconds excluded from RSS growth (default: 30, or 20%% of short runs)")
-    ap.add_argument("--model", default=None, help="model file (default: the config's, models/iris.npz)")
+    ap.add_argument("--model", default=None, help="model file (default: models/iris.npz in the working directory)")
     ap.add_argument("--keep", default=None, help="keep the node's and simulator's run directories here")
     ap.add_argument("--json", default=None, metavar="PATH", help="also write the report as JSON")
     a = ap.parse_args(argv)
