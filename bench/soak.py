@@ -30,6 +30,18 @@ def sample(proc_ps):
     return time.monotonic(), proc_ps.memory_info().rss, proc_ps.num_fds()
 
 
+def _settled_fds(proc_ps, timeout=3.0, step=0.1):
+    """The node's fd count once two reads ``step`` apart agree (transient fds closed; a leaked one stays)."""
+    n, deadline = proc_ps.num_fds(), time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        time.sleep(step)
+        m = proc_ps.num_fds()
+        if m == n:
+            break
+        n = m
+    return n
+
+
 def soak(duration, interval, warmup, model=None, keep=None, rate=1000.0, log=print):
     import psutil
     tmp = tempfile.mkdtemp(prefix="cn-soak-")
@@ -43,6 +55,9 @@ def soak(duration, interval, warmup, model=None, keep=None, rate=1000.0, log=pri
     sim = None
     try:
         ps = psutil.Process(node.pid)
+        # without peers, before the simulator exists, once settled: just after `ready` the node's diagnostics
+        # thread may still be importing lazily (an open .pyc, e.g. numpy/ma/core.pyc), and a stall stretches it
+        fds_no_peers_start = _settled_fds(ps)
         sim = subprocess.Popen([sys.executable, "-m", "control_node", "sim", "gauss", "--config", cfg,
                                 "--rate", str(rate), "--duration", str(duration), "--run-dir", sim_dir],
                                cwd=CHILD_CWD, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -108,7 +123,7 @@ def soak(duration, interval, warmup, model=None, keep=None, rate=1000.0, log=pri
         "rss_last_bytes": samples[-1]["rss_bytes"], "rss_max_bytes": max(s["rss_bytes"] for s in samples),
         "rss_growth_after_warmup_bytes": samples[-1]["rss_bytes"] - rss_after_warmup,
         "fds_min": min(fds), "fds_max": max(fds), "fds_constant": min(fds) == max(fds),
-        "fds_no_peers_start": samples[0]["num_fds"], "fds_no_peers_end": samples[-1]["num_fds"],
+        "fds_no_peers_start": fds_no_peers_start, "fds_no_peers_end": samples[-1]["num_fds"],
         "n_samples": len(samples),
         "rt": {k: v.get("granted") for k, v in ns.get("rt", {}).items()},
         "sim": None if sim_summary is None else {

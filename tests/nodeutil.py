@@ -17,10 +17,12 @@ from control_node.bench.harness import CHILD_CWD, NodeProcess, write_node_config
 class Robot:
     """A client: PUB connected to the node's sensor endpoint, SUB to its actions."""
 
-    def __init__(self, endpoints):
+    def __init__(self, endpoints, sndhwm=1000):
         self.ctx = zmq.Context.instance()
         self.pub = self.ctx.socket(zmq.PUB)
         self.pub.setsockopt(zmq.LINGER, 0)
+        # past SNDHWM a PUB drops silently: a burst after a host stall would lose frames the node never sees
+        self.pub.setsockopt(zmq.SNDHWM, sndhwm)
         self.pub.connect(endpoints["sensor"])
         self.sub = self.ctx.socket(zmq.SUB)
         self.sub.setsockopt(zmq.LINGER, 0)

@@ -335,7 +335,10 @@ def test_hypothesis_frames_into_running_node(tmp_path, iris_model_path, policy):
 def test_interleaved_at_khz_rates_keeps_rate_and_counts(tmp_path, iris_model_path, policy, rate):
     """Frames paced at 2 or 10 kHz, one in five valid, no lockstep, timer clock, ~2.5 s each."""
     node, _ = start_node(tmp_path, iris_model_path, QUIET)
-    robot = Robot(node.endpoints)
+    # after a host stall the pacer below sends every frame it owes at once (1000 per 100 ms at 10 kHz);
+    # past the default SNDHWM (1000) PUB drops them unseen and the node cannot count them: queue them
+    # (the node drains its whole queue every cycle, so the counts stay exact)
+    robot = Robot(node.endpoints, sndhwm=100_000)
     col = ActionCollector(node.endpoints["action"])
     examples = class_examples(policy)
     X = policy.spec.check_X

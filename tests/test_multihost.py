@@ -308,6 +308,7 @@ def phase_window(run_dir, sim_summary, k):
     from control_node.rundir import FLAG_NEW_FRAME, FLAG_STALE
     with np.load(os.path.join(run_dir, "cycles.npz")) as z:
         seq, flags, tick, age = z["seq"], z["flags"], z["t_tick_ns"], z["input_age_ns"]
+        z_wake = z["wake_latency_ns"]
     base, n = sim_summary["seq_base"], sim_summary["frames_sent"]
     ours = np.flatnonzero((seq >= base) & (seq < base + n) & (flags & FLAG_NEW_FRAME > 0))
     runs = np.split(ours, np.flatnonzero(np.diff(tick[ours]) > 500e6) + 1)
@@ -315,9 +316,12 @@ def phase_window(run_dir, sim_summary, k):
     ours = runs[k]
     lo, hi = ours[0], ours[-1] + 1
     new = ours
-    # gaps in wall time between cycles that got a new frame, as the watchdog sees them (it compares
-    # clocks, so a host stall of the loop itself counts too; skipped ticks keep t_tick_ns on the clock)
-    gaps = np.diff(tick[new]) / 1e6 - 1e3 / RATE if len(new) > 1 else np.array([0.0])
+    # gaps without a frame as the watchdog sees them: from the wake-up of a cycle that got a new frame to
+    # the wake-up of the last cycle before the next one (the watchdog compares those clocks). A host stall
+    # of the loop while frames keep coming is no gap: the first cycle after it finds them waiting; measured
+    # tick to tick it would look like one, with no stale cycle
+    wake = tick + np.maximum(z_wake, 0)
+    gaps = (wake[new[1:] - 1] - wake[new[:-1]]) / 1e6 if len(new) > 1 else np.array([0.0])
     a = age[lo:hi][(age[lo:hi] >= 0) & (flags[lo:hi] & FLAG_NEW_FRAME > 0)]
     return {"cycles": int(hi - lo), "new_frames": int(len(new)), "max_gap_ms": float(gaps.max()),
             "stale": int(((flags[lo:hi] & FLAG_STALE) > 0).sum()),

@@ -28,7 +28,9 @@ def setup(tmp_path_factory, iris_model_path):
     write_node_config(cfg, ep)
     node = NodeProcess(cfg, iris_model_path, "--run-dir", d / "node")
     rec = start_recorder(cfg, d / "rec.mcap")
-    r = cn("sim", "gauss", "--duration", 1.5, "--noise", 0.3, "--seed", 3, "--tap", "--config", cfg,
+    # 3 s: the --rate 2 replay's whole process (start-up ~0.4 s, more on a busy VM, + span / 2 + 0.3 s grace,
+    # which always runs out: at 2 kHz half the frames are superseded) must stay under the span
+    r = cn("sim", "gauss", "--duration", 3.0, "--noise", 0.3, "--seed", 3, "--tap", "--config", cfg,
            "--run-dir", d / "sim")
     rec.send_signal(signal.SIGINT)
     out, _ = rec.communicate(timeout=10)

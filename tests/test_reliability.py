@@ -339,8 +339,15 @@ def test_sensor_flood_20khz(tmp_path, iris_model_path, policy):
     assert summary["frames_valid"] <= report["sent"] + robot.seq
     assert summary["frames_valid"] >= 0.95 * report["sent"]
     assert summary["rejected_total"] == 0
-    # memory bounded
-    assert abs(rss1 - rss0) < 4 * 2**20
+    # memory bounded. After a host stall (node and flood sender both stopped) the sender's backlog arrives
+    # at once and the node's receive side grows by up to ~9 MB per 100 ms stall (libzmq receive buffers,
+    # kept resident under mlockall); a stall of the loop alone does not do it. Allowance from the node's
+    # record: one full sensor queue (RCVHWM 1000 frames, each up to one 8 kB zero-copy batch + counters)
+    # per stall (a cycle in the flood that woke >= 1 period late), capped by the frames due meanwhile
+    stalls = int((a["wake_latency_ns"][in_span] >= PERIOD_NS).sum())
+    queued = min(1000 * stalls, 20 * summary["skipped_ticks"])
+    allowance = queued * (8192 + 249 * 40)
+    assert abs(rss1 - rss0) < 4 * 2**20 + allowance, (rss1 - rss0, stalls, summary["skipped_ticks"])
 
 
 def _report_text(run_dir):
