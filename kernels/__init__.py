@@ -1,7 +1,10 @@
-"""Compiled MLP policy kernel. See :class:`Policy`."""
-from control_node.kernels._policy import Policy
-from control_node.kernels.model_file import ModelFileError, ModelSpec, load_model, save_model
-from control_node.kernels.reference import ConsistencyError, check_consistency, reference_logits, reference_predict
+"""The policy kernel: :class:`Policy` (compiled), the model file format and the numpy reference.
 
-__all__ = ["Policy", "ModelSpec", "ModelFileError", "ConsistencyError", "load_model", "save_model",
-           "check_consistency", "reference_logits", "reference_predict"]
+Imports nothing of control_node outside this package (tests/test_architecture.py checks it)."""
+from control_node.kernels._policy import Policy
+from control_node.kernels.model_file import ACTIVATIONS, ModelFileError, ModelSpec, load_model, save_model
+from control_node.kernels.reference import (ConsistencyError, check_consistency, reference_act, reference_logits,
+                                            reference_predict)
+
+__all__ = ["Policy", "ModelSpec", "ModelFileError", "ConsistencyError", "ACTIVATIONS", "load_model", "save_model",
+           "check_consistency", "reference_act", "reference_logits", "reference_predict"]

@@ -1,9 +1,13 @@
 # cython: language_level=3
 """C-level interface of the policy kernel, for other Cython modules (the node's loop).
 
-``Policy.predict_ptr`` is the nogil entry point: it reads ``n_features`` float64
-values at ``x`` and returns the class index, or -1 when the logits are not finite
-(the caller must then act safely). It allocates nothing and touches no Python object.
+The nogil entry points allocate nothing and touch no Python object:
+
+- ``Policy.act_ptr(x, u)``: reads ``n_features`` float64 values at ``x``; a continuous policy writes
+  ``n_actions`` float64 actions to ``u`` and returns 0, or -1 when an output is not finite (``u`` is
+  then garbage: the caller must act safely); an argmax policy writes the class index to ``u[0]`` and
+  returns it (-1: not finite).
+- ``Policy.predict_ptr(x)``: argmax policies: the class index, or -1 when the logits are not finite.
 """
 from libc.stdint cimport int64_t
 
@@ -17,11 +21,26 @@ cdef extern from "mlp_core.h" nogil:
         int pdims[MLP_MAX_LAYERS + 1]
         int dot_form[MLP_MAX_LAYERS]
         int specialised
+        const char *isa
         const double *mean
         const double *scale
         const double *W[MLP_MAX_LAYERS]
         const double *b[MLP_MAX_LAYERS]
         double *act[MLP_MAX_LAYERS + 1]
+        int act_code[MLP_MAX_LAYERS]
+        double alpha[MLP_MAX_LAYERS]
+        int pre
+        const double *obs_scale
+        const double *obs_lo
+        const double *obs_hi
+        const double *norm_lo
+        const double *norm_hi
+        int head
+        int squash
+        const double *act_lo
+        const double *act_hi
+        const double *act_off
+        const double *act_scale
 
     ctypedef struct mlp_f32:
         int n_layers
@@ -29,16 +48,35 @@ cdef extern from "mlp_core.h" nogil:
         int pdims[MLP_MAX_LAYERS + 1]
         int dot_form[MLP_MAX_LAYERS]
         int specialised
+        const char *isa
         const double *mean
         const double *scale
         const float *W[MLP_MAX_LAYERS]
         const float *b[MLP_MAX_LAYERS]
         float *act[MLP_MAX_LAYERS + 1]
+        int act_code[MLP_MAX_LAYERS]
+        double alpha[MLP_MAX_LAYERS]
+        int pre
+        const double *obs_scale
+        const double *obs_lo
+        const double *obs_hi
+        const double *norm_lo
+        const double *norm_hi
+        int head
+        int squash
+        const double *act_lo
+        const double *act_hi
+        const double *act_off
+        const double *act_scale
 
     int mlp_small_shape(int n_layers, int n_in, int n_hidden, int n_out, int itemsize)
     void mlp_f64_init(mlp_f64 *m)
     void mlp_f32_init(mlp_f32 *m)
     const char *mlp_isa()
+    enum: MLP_HEAD_ARGMAX
+    enum: MLP_HEAD_CONTINUOUS
+    int mlp_f64_act(mlp_f64 *m, const double *x, double *u)
+    int mlp_f32_act(mlp_f32 *m, const double *x, double *u)
     int mlp_f64_forward(mlp_f64 *m, const double *x)
     int mlp_f32_forward(mlp_f32 *m, const double *x)
     void mlp_f64_forward_batch(mlp_f64 *m, const double *X, Py_ssize_t n,
@@ -57,11 +95,18 @@ cdef class Policy:
     cdef bint _is_f32
     cdef readonly int n_features
     cdef readonly int n_classes
+    cdef readonly int n_actions
+    cdef readonly bint continuous
     cdef readonly object spec
     cdef object _arrays          # keeps every buffer the C struct points into alive
     cdef object _bound           # the caller-owned input registered by bind_input
     cdef const double *_bound_ptr
 
+    cdef object _u               # act()'s output buffer (float64, n_actions)
+    cdef double *_u_ptr
+
+    cdef int act_ptr(self, const double *x, double *u) noexcept nogil
     cdef int predict_ptr(self, const double *x) noexcept nogil
     cdef const void *logits_ptr(self) noexcept nogil
     cdef const double *_input_ptr(self, object x) except NULL
+    cdef double *_output_ptr(self, object out) except NULL

@@ -43,13 +43,15 @@ def _choose_dot_form(int n_in, int n_out, int itemsize):
 
 
 cdef class Policy:
-    """A loaded MLP policy: normalise -> (Dense + ReLU) * k -> Dense -> argmax.
+    """A loaded policy: pre-process -> (Dense + activation) * layers -> head (argmax or continuous).
 
-    Build with :meth:`Policy.load` (reads, validates and verifies a model file)
-    or ``Policy(spec)`` from a :class:`kernels.model_file.ModelSpec` (no
-    verification). Every buffer is allocated here; calls allocate nothing.
+    Build with :meth:`Policy.load` (reads a model file, or imports an ``.onnx`` / TorchScript file, and
+    verifies the kernel against the numpy reference) or ``Policy(spec)`` from a
+    :class:`kernels.model_file.ModelSpec` (no verification). Every buffer is allocated here; calls
+    allocate nothing (``act`` returns a new array; ``act_into`` and ``act_bound`` do not).
 
-    Inputs are raw (un-normalised) float64 features of shape ``(n_features,)``.
+    Inputs are raw (un-normalised) float64 observations of shape ``(n_features,)``; actions are float64
+    of shape ``(n_actions,)`` (an argmax policy has one: the class index).
     """
 
     def __cinit__(self, spec):
@@ -85,9 +87,9 @@ cdef class Policy:
             W, b = spec.layers[l]
             n_in, n_out = W.shape
             dot = (l == 1) if small else _choose_dot_form(n_in, n_out, itemsize)
-            if dot:     # rows padded to 32 bytes (zero rows): outputs go a vector at a time
-                Wp = _aligned_zeros(_pad(n_out, lanes // 2) * _pad(n_in, lanes), dtype)
-                Wp.reshape(_pad(n_out, lanes // 2), _pad(n_in, lanes))[:n_out, :n_in] = W.T
+            if dot:     # rows padded to 64 bytes of outputs (zero rows): outputs go a vector at a time
+                Wp = _aligned_zeros(_pad(n_out, lanes) * _pad(n_in, lanes), dtype)
+                Wp.reshape(_pad(n_out, lanes), _pad(n_in, lanes))[:n_out, :n_in] = W.T
             else:   # rows padded too (zero rows): the small kernels run over whole padded widths
                 Wp = _aligned_zeros(_pad(n_in, lanes) * _pad(n_out, lanes), dtype)
                 Wp.reshape(_pad(n_in, lanes), _pad(n_out, lanes))[:n_in, :n_out] = W
@@ -112,16 +114,61 @@ cdef class Policy:
                 self._m64.dims[l] = dims[l]
                 self._m64.pdims[l] = _pad(dims[l], lanes)
                 self._m64.act[l] = <double *> cnp.PyArray_DATA(act)
+        from control_node.kernels.model_file import ACTIVATIONS
+        codes = [ACTIVATIONS[a][0] for a in spec.activations]
+        n_pad = _pad(dims[0], BLOCK_BYTES // 8)
+        pre = [np.ascontiguousarray(a, dtype=np.float64) for a in
+               (spec.obs_scale, spec.obs_clip_low, spec.obs_clip_high, spec.norm_clip_low, spec.norm_clip_high)]
+        post = [np.ascontiguousarray(a, dtype=np.float64) for a in
+                (spec.action_low, spec.action_high, spec.action_offset, spec.action_scale)]
+        arrays += pre + post
+        cdef cnp.ndarray p0 = pre[0], p1 = pre[1], p2 = pre[2], p3 = pre[3], p4 = pre[4]
+        cdef cnp.ndarray q0 = post[0], q1 = post[1], q2 = post[2], q3 = post[3]
+        self.continuous = spec.head == "continuous"
+        head = MLP_HEAD_CONTINUOUS if self.continuous else MLP_HEAD_ARGMAX
         if self._is_f32:
             self._m32.n_layers = n_layers
             self._m32.mean = <const double *> cnp.PyArray_DATA(mean)
             self._m32.scale = <const double *> cnp.PyArray_DATA(scale)
+            for l in range(n_layers):
+                self._m32.act_code[l] = codes[l]
+                self._m32.alpha[l] = spec.alphas[l]
+            self._m32.pre = spec.has_preprocessing
+            self._m32.obs_scale = <const double *> cnp.PyArray_DATA(p0)
+            self._m32.obs_lo = <const double *> cnp.PyArray_DATA(p1)
+            self._m32.obs_hi = <const double *> cnp.PyArray_DATA(p2)
+            self._m32.norm_lo = <const double *> cnp.PyArray_DATA(p3)
+            self._m32.norm_hi = <const double *> cnp.PyArray_DATA(p4)
+            self._m32.head = head
+            self._m32.squash = spec.squash
+            self._m32.act_lo = <const double *> cnp.PyArray_DATA(q0)
+            self._m32.act_hi = <const double *> cnp.PyArray_DATA(q1)
+            self._m32.act_off = <const double *> cnp.PyArray_DATA(q2)
+            self._m32.act_scale = <const double *> cnp.PyArray_DATA(q3)
             mlp_f32_init(&self._m32)        # picks ISA and, for small shapes, a specialised kernel
         else:
             self._m64.n_layers = n_layers
             self._m64.mean = <const double *> cnp.PyArray_DATA(mean)
             self._m64.scale = <const double *> cnp.PyArray_DATA(scale)
+            for l in range(n_layers):
+                self._m64.act_code[l] = codes[l]
+                self._m64.alpha[l] = spec.alphas[l]
+            self._m64.pre = spec.has_preprocessing
+            self._m64.obs_scale = <const double *> cnp.PyArray_DATA(p0)
+            self._m64.obs_lo = <const double *> cnp.PyArray_DATA(p1)
+            self._m64.obs_hi = <const double *> cnp.PyArray_DATA(p2)
+            self._m64.norm_lo = <const double *> cnp.PyArray_DATA(p3)
+            self._m64.norm_hi = <const double *> cnp.PyArray_DATA(p4)
+            self._m64.head = head
+            self._m64.squash = spec.squash
+            self._m64.act_lo = <const double *> cnp.PyArray_DATA(q0)
+            self._m64.act_hi = <const double *> cnp.PyArray_DATA(q1)
+            self._m64.act_off = <const double *> cnp.PyArray_DATA(q2)
+            self._m64.act_scale = <const double *> cnp.PyArray_DATA(q3)
             mlp_f64_init(&self._m64)
+        self.n_actions = spec.n_actions
+        self._u = _aligned_zeros(_pad(self.n_actions, 8), np.float64)
+        self._u_ptr = <double *> cnp.PyArray_DATA(self._u)
         self._arrays = (arrays, acts[n_layers][:self.n_classes])
         self._bound = None
         self._bound_ptr = NULL
@@ -130,19 +177,30 @@ cdef class Policy:
     def load(cls, path, *, verify=True):
         """Read, validate and (by default) verify a model file against the numpy reference.
 
-        Raises ``kernels.ModelFileError`` naming the bad field, or
-        ``kernels.ConsistencyError`` naming the first sample where the kernel
+        ``.onnx`` and TorchScript (``.pt``) files are imported on the fly
+        (``control_node.kernels.importers``), proven against onnxruntime / torch.
+        Raises ``kernels.ModelFileError`` naming the bad field, an importer's refusal naming the
+        node and operator, or ``kernels.ConsistencyError`` naming the first sample where the kernel
         and the reference disagree.
         """
         from control_node.kernels.model_file import load_model
         from control_node.kernels.reference import check_consistency
-        spec = load_model(path)
+        if str(path).lower().endswith((".onnx", ".pt", ".pth", ".jit")):
+            from control_node.kernels.importers import import_policy
+            spec, _proof = import_policy(path)          # refused whole, or proven against its runtime
+        else:
+            spec = load_model(path)
         policy = cls(spec)
         if verify:
             check_consistency(policy, spec)
         return policy
 
     # ---- C level -----------------------------------------------------------------
+    cdef int act_ptr(self, const double *x, double *u) noexcept nogil:
+        if self._is_f32:
+            return mlp_f32_act(&self._m32, x, u)
+        return mlp_f64_act(&self._m64, x, u)
+
     cdef int predict_ptr(self, const double *x) noexcept nogil:
         if self._is_f32:
             return mlp_f32_forward(&self._m32, x)
@@ -170,8 +228,69 @@ cdef class Policy:
             f"got {type(x).__name__} {getattr(x, 'dtype', '')} {getattr(x, 'shape', '')}. "
             "Convert once with np.ascontiguousarray(x, dtype=np.float64).")
 
+    def act(self, x):
+        """Actions for one observation ``x`` (float64, shape (n_features,)) as a new float64 array of shape
+        (n_actions,). A continuous policy whose outputs are not finite gives NaN actions (the node
+        publishes its safe action instead); an argmax policy gives ``[class index]`` (-1: not finite)."""
+        out = np.empty(self.n_actions, dtype=np.float64)
+        self.act_into(x, out)
+        return out
+
+    def act_into(self, x, out):
+        """:meth:`act` into a caller's float64 array ``out`` of shape (n_actions,); allocates nothing.
+        Returns the status: 0 (continuous) or the class index (argmax), -1 when not finite."""
+        cdef const double *xp = self._input_ptr(x)
+        cdef double *up = self._output_ptr(out)
+        cdef int rc = self.act_ptr(xp, up)
+        cdef int j
+        if rc < 0 and self.continuous:
+            for j in range(self.n_actions):
+                up[j] = np.nan
+        return rc
+
+    def act_bound(self, out):
+        """:meth:`act_into` for the input registered with :meth:`bind_input`."""
+        if self._bound_ptr == NULL:
+            raise RuntimeError("act_bound() before bind_input(buf)")
+        cdef double *up = self._output_ptr(out)
+        cdef int rc = self.act_ptr(self._bound_ptr, up)
+        cdef int j
+        if rc < 0 and self.continuous:
+            for j in range(self.n_actions):
+                up[j] = np.nan
+        return rc
+
+    cdef double *_output_ptr(self, object out) except NULL:
+        cdef cnp.ndarray a
+        if cnp.PyArray_CheckExact(out):
+            a = <cnp.ndarray> out
+            if (cnp.PyArray_TYPE(a) == cnp.NPY_DOUBLE and cnp.PyArray_NDIM(a) == 1
+                    and cnp.PyArray_DIM(a, 0) == self.n_actions and cnp.PyArray_IS_C_CONTIGUOUS(a)
+                    and cnp.PyArray_ISWRITEABLE(a)):
+                return <double *> cnp.PyArray_DATA(a)
+        raise TypeError(f"out must be a writeable C-contiguous float64 ndarray of shape ({self.n_actions},); "
+                        f"got {type(out).__name__} {getattr(out, 'dtype', '')} {getattr(out, 'shape', '')}")
+
+    def act_batch(self, X):
+        """Actions per row of ``X`` (n, n_features) -> float64 (n, n_actions); NaN rows where not finite."""
+        cdef cnp.ndarray Xa = np.ascontiguousarray(X, dtype=np.float64)
+        if Xa.ndim != 2 or Xa.shape[1] != self.n_features:
+            X_shape = (<object> Xa).shape
+            raise ValueError(f"X must have shape (n, {self.n_features}); got {X_shape}")
+        out = np.empty((Xa.shape[0], self.n_actions), dtype=np.float64)
+        cdef Py_ssize_t i
+        for i in range(Xa.shape[0]):
+            self.act_into(Xa[i], out[i])
+        return out
+
+    def _argmax_only(self, what):
+        if self.continuous:
+            raise TypeError(f"{what}() is for argmax policies; this one is continuous "
+                            f"({self.n_actions} actions): use act(), act_into() or act_batch()")
+
     def predict(self, x):
-        """Class index for one sample ``x`` (float64, shape (n_features,)); -1 if the logits are not finite."""
+        """Argmax policies: class index for one sample ``x`` (float64, shape (n_features,)); -1 if the logits are not finite."""
+        self._argmax_only("predict")
         return self.predict_ptr(self._input_ptr(x))
 
     def logits(self, x):
@@ -190,12 +309,14 @@ cdef class Policy:
 
     def predict_bound(self):
         """Class index for the buffer registered with :meth:`bind_input`."""
+        self._argmax_only("predict_bound")
         if self._bound_ptr == NULL:
             raise RuntimeError("predict_bound() before bind_input(buf)")
         return self.predict_ptr(self._bound_ptr)
 
     def predict_batch(self, X):
         """Class index per row of ``X`` (n, n_features) -> int64 array (n,); -1 marks non-finite logits."""
+        self._argmax_only("predict_batch")
         cdef cnp.ndarray Xa = np.ascontiguousarray(X, dtype=np.float64)
         if Xa.ndim != 2 or Xa.shape[1] != self.n_features:
             X_shape = (<object> Xa).shape
@@ -227,10 +348,30 @@ cdef class Policy:
                 s = mlp_f64_chain(&self._m64, xp, n, stride, iters)
         return s
 
+    def _act_loop(self, X, Py_ssize_t iters, bint chained=False):
+        """Benchmark probe at C level: ``iters`` calls of the nogil act entry over rows of X (float64
+        (n, n_features)), nothing between calls. ``chained``: each call's row depends on the previous
+        action (latency); else rows in order (throughput). Returns a checksum of the actions."""
+        cdef cnp.ndarray Xa = np.ascontiguousarray(X, dtype=np.float64)
+        if Xa.ndim != 2 or Xa.shape[1] != self.n_features or Xa.shape[0] < 2:
+            raise ValueError(f"X must have shape (n >= 2, {self.n_features})")
+        cdef const double *xp = <const double *> cnp.PyArray_DATA(Xa)
+        cdef double *up = self._u_ptr
+        cdef Py_ssize_t n = Xa.shape[0], d = self.n_features, row = 0, k
+        cdef double s = 0.0
+        with nogil:
+            for k in range(iters):
+                self.act_ptr(xp + row * d, up)
+                s += up[0]
+                row += 1 + (<Py_ssize_t> (chained and up[0] > s / (k + 1)))
+                if row >= n:
+                    row -= n
+        return s
+
     @property
     def isa(self):
-        """Instruction set the kernel runs with on this CPU: 'avx2+fma', 'sse2', 'native' or 'generic'."""
-        return mlp_isa().decode()
+        """Vector copy this policy runs: 'avx512', 'avx2+fma', 'sse2', 'native' or 'generic'."""
+        return (self._m32.isa if self._is_f32 else self._m64.isa).decode()
 
     @property
     def dtype(self):
@@ -253,6 +394,15 @@ cdef class Policy:
     @property
     def classes(self):
         return list(self.spec.classes)
+
+    @property
+    def action_names(self):
+        """Names of the actions: the joint names of a continuous policy; ``["class"]`` for argmax."""
+        return list(self.spec.action_names) if self.continuous else ["class"]
+
+    @property
+    def head(self):
+        return self.spec.head
 
     @property
     def feature_names(self):

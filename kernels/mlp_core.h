@@ -1,18 +1,22 @@
 /*
- * Fused MLP forward pass: normalise -> (Dense + ReLU) * hidden -> Dense -> argmax.
+ * Fused policy forward pass: pre-process -> (Dense + activation) * layers -> head, the model of
+ * kernels/model_file.py (its docstring is the definition; kernels/reference.py the numpy reference).
+ * Activations per layer (MLP_ACT_*; the exp-based ones from vmath.h); heads: argmax (class index)
+ * or continuous (tanh squash, clip, affine; float64, into a caller's buffer).
  *
  * Plain C so that the compiler, not Cython, owns the vector code. One template,
  * instantiated for double and float by the macros below.
  *
  * Layout (set up once by kernels/_policy.pyx, never changed afterwards):
  *   act[0]      normalised input, padded to pdims[0] lanes (pad lanes stay 0)
- *   act[l + 1]  output of dense layer l, padded to pdims[l + 1] (pad lanes stay 0 for finite
- *               inputs; an infinite one can make them NaN (inf * 0), which can only turn the
- *               answer into -1, never into a class)
+ *   act[l + 1]  output of dense layer l, padded to pdims[l + 1]. Pad lanes hold act(0) (0, or
+ *               0.5 for sigmoid, ln 2 for softplus): finite, and they only ever meet zero weights.
+ *               An infinite input can make them NaN (inf * 0), which can only turn the answer
+ *               into the safe one (-1), never into a class or an action.
  *   W[l]        "axpy" form (dot_form[l] == 0): (pdims[l], pdims[l+1]) row-major,
  *               so one input value scales one contiguous row of outputs;
- *               "dot" form (dot_form[l] == 1): (dims[l+1] rounded up to 32 bytes,
- *               pdims[l]) row-major, one contiguous dot product per output.
+ *               "dot" form (dot_form[l] == 1): (pdims[l+1], pdims[l]) row-major
+ *               (rows padded to 64 bytes of outputs), one contiguous dot product per output.
  *               Narrow outputs (the 3-class head) are cheaper as dot products,
  *               wide ones as axpy. Pad rows and columns are 0.
  *   b[l]        padded to pdims[l+1], pad lanes 0.
@@ -22,20 +26,30 @@
  *
  * SIMD without -march=native: the arithmetic is written on GCC/Clang vector
  * types, so it is vectorised without fast-math. On x86-64 the kernels are
- * compiled twice in this one file, for x86-64-v3 (AVX2 + FMA, 32-byte vectors)
- * and for the baseline (SSE2, 16-byte vectors), and mlp_*_init() picks one at
- * load time with __builtin_cpu_supports. MLP_NATIVE (CONTROL_NODE_NATIVE=1 at
- * build time) compiles a single -march=native copy instead.
+ * compiled three times in this one file, for x86-64-v4 (AVX-512, 64-byte vectors),
+ * x86-64-v3 (AVX2 + FMA, 32-byte vectors) and the baseline (SSE2, 16-byte vectors),
+ * and mlp_*_init() picks one at load time with __builtin_cpu_supports (the small
+ * compile-time-shaped kernels stay on AVX2: their registers hold 32-byte rows).
+ * CONTROL_NODE_ISA=avx2|sse2 forces a narrower copy. MLP_NATIVE (CONTROL_NODE_NATIVE=1
+ * at build time) compiles a single -march=native copy instead.
  */
 #ifndef CONTROL_NODE_MLP_CORE_H
 #define CONTROL_NODE_MLP_CORE_H
 
+#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "vmath.h"
+
 #define MLP_MAX_LAYERS 16
+/* activation codes: kernels/model_file.py ACTIVATIONS holds the same numbers */
+enum { MLP_ACT_IDENTITY = 0, MLP_ACT_RELU = 1, MLP_ACT_ELU = 2, MLP_ACT_SELU = 3, MLP_ACT_LEAKY_RELU = 4,
+       MLP_ACT_CELU = 5, MLP_ACT_TANH = 6, MLP_ACT_SIGMOID = 7, MLP_ACT_SOFTPLUS = 8, MLP_ACT_SILU = 9,
+       MLP_N_ACT = 10 };
+enum { MLP_HEAD_ARGMAX = 0, MLP_HEAD_CONTINUOUS = 1 };
 #define MLP_BLOCK_BYTES 64   /* padding and alignment of every row */
 
 #if defined(__GNUC__)
@@ -108,6 +122,22 @@ MLP_INLINE VT NAME##_tsum(const VT *c) {                                        
          + MLP_SH(VI, u[0], u[1], 4, 5, 6, 7, 12, 13, 14, 15);                        \
 }
 
+#define MLP_TSUM_16(VT, VI, NAME)                                                     \
+MLP_INLINE VT NAME##_tsum(const VT *c) {                                              \
+    VT t[8], u[4], w[2];                                                              \
+    for (int i = 0; i < 8; i++)                                                       \
+        t[i] = MLP_SH(VI, c[2 * i], c[2 * i + 1], 0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30) \
+             + MLP_SH(VI, c[2 * i], c[2 * i + 1], 1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31); \
+    for (int i = 0; i < 4; i++)                                                       \
+        u[i] = MLP_SH(VI, t[2 * i], t[2 * i + 1], 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29) \
+             + MLP_SH(VI, t[2 * i], t[2 * i + 1], 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31); \
+    for (int i = 0; i < 2; i++)                                                       \
+        w[i] = MLP_SH(VI, u[2 * i], u[2 * i + 1], 0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27) \
+             + MLP_SH(VI, u[2 * i], u[2 * i + 1], 4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31); \
+    return MLP_SH(VI, w[0], w[1], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) \
+         + MLP_SH(VI, w[0], w[1], 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31); \
+}
+
 #define MLP_STRUCT(T, NAME)                                                           \
 typedef struct NAME##_s NAME;                                                         \
 struct NAME##_s {                                                                     \
@@ -120,8 +150,17 @@ struct NAME##_s {                                                               
     const T *W[MLP_MAX_LAYERS];                                                       \
     const T *b[MLP_MAX_LAYERS];                                                       \
     T *act[MLP_MAX_LAYERS + 1];                                                       \
+    int act_code[MLP_MAX_LAYERS];         /* MLP_ACT_* per dense layer */             \
+    double alpha[MLP_MAX_LAYERS];         /* elu / leaky_relu / celu parameter */     \
+    int pre;                              /* 1: obs_scale and the clips below apply */ \
+    const double *obs_scale, *obs_lo, *obs_hi, *norm_lo, *norm_hi;   /* (dims[0],) */ \
+    int head;                             /* MLP_HEAD_* */                            \
+    int squash;                           /* continuous: tanh before the clip */      \
+    const double *act_lo, *act_hi, *act_off, *act_scale;             /* (dims[L],) */ \
     int specialised;                      /* 1: a small-shape kernel was chosen */    \
+    const char *isa;                      /* the vector copy chosen: "avx512", ... */ \
     int (*forward)(NAME *, const double *);     /* chosen by NAME##_init */           \
+    int (*act_fn)(NAME *, const double *, double *);                                   \
     void (*forward_batch)(NAME *, const double *, ptrdiff_t, ptrdiff_t, int64_t *);   \
     int64_t (*chain)(NAME *, const double *, ptrdiff_t, ptrdiff_t, ptrdiff_t);        \
 };
@@ -130,6 +169,25 @@ struct NAME##_s {                                                               
 /* ReLU as one max instruction where the ISA has it (RELU), else by mask; either */   \
 /* way v < 0 becomes 0 and a NaN stays NaN, so a broken input cannot look valid. */   \
 MLP_INLINE VT NAME##SFX##_relu(VT v) { return RELU(v); }                              \
+MLP_VMATH(T, VT, VI, NAME##SFX##_vm)                                                  \
+/* Activations other than ReLU run as a second pass over the layer's (cache-hot) output */ \
+/* row: one switch per layer, a tight loop per activation, and the FMA loops above keep */  \
+/* their accumulators in registers. ReLU stays fused into the layer (one max). */          \
+MLP_INLINE void NAME##SFX##_activate_row(T *restrict out, int pn, int code, T alpha) {   \
+    VT *o = (VT *)out;                                                                \
+    const int nv = pn / BLK;                                                          \
+    switch (code) {                                                                   \
+    case MLP_ACT_ELU: for (int q = 0; q < nv; q++) o[q] = NAME##SFX##_vm_elu(o[q], alpha); break; \
+    case MLP_ACT_SELU: for (int q = 0; q < nv; q++) o[q] = NAME##SFX##_vm_selu(o[q]); break; \
+    case MLP_ACT_LEAKY_RELU: for (int q = 0; q < nv; q++) o[q] = NAME##SFX##_vm_leaky_relu(o[q], alpha); break; \
+    case MLP_ACT_CELU: for (int q = 0; q < nv; q++) o[q] = NAME##SFX##_vm_celu(o[q], alpha); break; \
+    case MLP_ACT_TANH: for (int q = 0; q < nv; q++) o[q] = NAME##SFX##_vm_tanh(o[q]); break; \
+    case MLP_ACT_SIGMOID: for (int q = 0; q < nv; q++) o[q] = NAME##SFX##_vm_sigmoid(o[q]); break; \
+    case MLP_ACT_SOFTPLUS: for (int q = 0; q < nv; q++) o[q] = NAME##SFX##_vm_softplus(o[q]); break; \
+    case MLP_ACT_SILU: for (int q = 0; q < nv; q++) o[q] = NAME##SFX##_vm_silu(o[q]); break; \
+    default: break;                    /* identity, and ReLU (fused into the layer) */ \
+    }                                                                                 \
+}                                                                                     \
 /* axpy form, NB blocks of BLK outputs at once: accumulators stay in registers. */ \
 /* NB <= 2 keeps two accumulator sets (even/odd inputs) to halve the FMA chain. */  \
 MLP_AXPY_NB(T, VT, NAME##SFX, 1, 2)                                                   \
@@ -154,7 +212,7 @@ MLP_INLINE void NAME##SFX##_layer_axpy(const T *restrict in, int n_in,          
                                                                                       \
 /* dot form: BLK outputs at a time, one partial-sum vector each (the inputs run in */ \
 /* the outer loop, so BLK independent FMA chains overlap); the BLK vectors are then */ \
-/* transposed and added in one shuffle tree. Wt has its rows padded to 32 bytes */    \
+/* transposed and added in one shuffle tree. Wt has its rows padded to 64 bytes */    \
 /* (zero rows), so whole groups never read past it. */                               \
 MLP_INLINE void NAME##SFX##_layer_dot(const T *restrict in, int pn_in,                \
                                  const T *restrict Wt, const T *restrict b,           \
@@ -190,23 +248,57 @@ MLP_INLINE int NAME##SFX##_argmax(const T *z, int n_out) {                      
     return finite ? best : -1;                                                        \
 }                                                                                     \
                                                                                       \
-/* Forward pass for one sample. Returns the argmax (first maximum, as numpy), or */  \
-/* -1 when any logit is NaN or infinite: the caller must then act safely. */         \
-MLP_INLINE int NAME##SFX##_forward_inline(NAME *m, const double *x) {                 \
+/* Pre-processing and every dense layer for one sample: leaves the outputs in act[L]. */ \
+/* Clips are written as compares so that a NaN passes through (as numpy's clip). */  \
+MLP_INLINE void NAME##SFX##_body(NAME *m, const double *x) {                          \
     T *a0 = m->act[0];                                                                \
     const int n0 = m->dims[0];                                                        \
-    for (int i = 0; i < n0; i++) a0[i] = (T)((x[i] - m->mean[i]) / m->scale[i]);      \
+    if (m->pre) {                                                                     \
+        for (int i = 0; i < n0; i++) {                                                \
+            double v = x[i] * m->obs_scale[i];                                        \
+            v = v < m->obs_lo[i] ? m->obs_lo[i] : v;                                  \
+            v = v > m->obs_hi[i] ? m->obs_hi[i] : v;                                  \
+            v = (v - m->mean[i]) / m->scale[i];                                       \
+            v = v < m->norm_lo[i] ? m->norm_lo[i] : v;                                \
+            v = v > m->norm_hi[i] ? m->norm_hi[i] : v;                                \
+            a0[i] = (T)v;                                                             \
+        }                                                                             \
+    } else {                                                                          \
+        for (int i = 0; i < n0; i++) a0[i] = (T)((x[i] - m->mean[i]) / m->scale[i]);  \
+    }                                                                                 \
     const int L = m->n_layers;                                                        \
     for (int l = 0; l < L; l++) {                                                     \
-        const int relu = l + 1 < L;                                                   \
+        const int code = m->act_code[l], relu = code == MLP_ACT_RELU;                 \
         if (m->dot_form[l])                                                           \
             NAME##SFX##_layer_dot(m->act[l], m->pdims[l], m->W[l], m->b[l],           \
                              m->act[l + 1], m->dims[l + 1], relu);                    \
         else                                                                          \
             NAME##SFX##_layer_axpy(m->act[l], m->dims[l], m->W[l], m->b[l],           \
                               m->act[l + 1], m->pdims[l + 1], relu);                  \
+        if (code > MLP_ACT_RELU)                                                      \
+            NAME##SFX##_activate_row(m->act[l + 1], m->pdims[l + 1], code, (T)m->alpha[l]); \
     }                                                                                 \
-    return NAME##SFX##_argmax(m->act[L], m->dims[L]);                                 \
+}                                                                                     \
+                                                                                      \
+/* Forward pass for one sample. Returns the argmax (first maximum, as numpy), or */  \
+/* -1 when any output is NaN or infinite: the caller must then act safely. */        \
+MLP_INLINE int NAME##SFX##_forward_inline(NAME *m, const double *x) {                 \
+    NAME##SFX##_body(m, x);                                                           \
+    return NAME##SFX##_argmax(m->act[m->n_layers], m->dims[m->n_layers]);             \
+}                                                                                     \
+                                                                                      \
+/* The action of one sample into u (float64): a continuous head writes dims[L] */     \
+/* values and returns 0, or -1 when an output or action is not finite (u is then */  \
+/* garbage: act safely); an argmax head writes the class index to u[0] and returns */ \
+/* it (-1: not finite). */                                                           \
+static int NAME##_act##SFX(NAME *m, const double *x, double *u) {                     \
+    NAME##SFX##_body(m, x);                                                           \
+    if (m->head == MLP_HEAD_ARGMAX) {                                                 \
+        const int k = NAME##SFX##_argmax(m->act[m->n_layers], m->dims[m->n_layers]);  \
+        u[0] = (double)k;                                                             \
+        return k;                                                                     \
+    }                                                                                 \
+    return NAME##_head_continuous(m, u);                                              \
 }                                                                                     \
                                                                                       \
 static int NAME##_forward##SFX(NAME *m, const double *x) {                            \
@@ -338,8 +430,11 @@ static int mlp_f32_pick_small##SFX(mlp_f32 *m) {                                
 static inline int mlp_small_shape(int n_layers, int n_in, int n_hidden, int n_out, int itemsize) {
     return n_layers == 2 && n_in <= 8 && n_hidden <= 32 && n_out * itemsize <= MLP_BLOCK_BYTES;
 }
+/* ... and only for what those kernels compute: ReLU then identity, argmax, plain normalisation. */
 #define MLP_SMALL_FITS(m) (mlp_small_shape((m)->n_layers, (m)->dims[0], (m)->dims[1], (m)->dims[2], \
-                                               (int)sizeof(**(m)->W)) && !(m)->dot_form[0] && (m)->dot_form[1])
+                                               (int)sizeof(**(m)->W)) && !(m)->dot_form[0] && (m)->dot_form[1] \
+                           && (m)->act_code[0] == MLP_ACT_RELU && (m)->act_code[1] == MLP_ACT_IDENTITY \
+                           && (m)->head == MLP_HEAD_ARGMAX && !(m)->pre)
 
 /* x86 MAXPD/MAXPS return the second operand when either is NaN: max(0, v) keeps NaN. */
 #define MLP_RELU_MAXPD256(v) __builtin_ia32_maxpd256((mlp_v4d){0}, (v))
@@ -347,6 +442,31 @@ static inline int mlp_small_shape(int n_layers, int n_in, int n_hidden, int n_ou
 
 MLP_STRUCT(double, mlp_f64)
 MLP_STRUCT(float, mlp_f32)
+
+/* Continuous head, in float64 on the last layer's outputs: squash, clip, affine. A dozen to */
+/* a few dozen actions: scalar code (libm tanh) costs less than the last layer's FMAs. */
+#define MLP_HEAD(T, NAME)                                                             \
+static int NAME##_head_continuous(NAME *m, double *u) {                               \
+    const T *z = m->act[m->n_layers];                                                 \
+    const int n = m->dims[m->n_layers];                                               \
+    int finite = 1;                                                                   \
+    for (int j = 0; j < n; j++) {                                                     \
+        double a = (double)z[j];                                                      \
+        finite &= (a - a) == 0;                         /* false for NaN and +-Inf */ \
+        if (m->squash) a = tanh(a);                                                   \
+        a = a < m->act_lo[j] ? m->act_lo[j] : a;                                      \
+        a = a > m->act_hi[j] ? m->act_hi[j] : a;                                      \
+        u[j] = m->act_off[j] + m->act_scale[j] * a;                                   \
+        finite &= (u[j] - u[j]) == 0;                                                 \
+    }                                                                                 \
+    return finite ? 0 : -1;                                                           \
+}
+MLP_HEAD(double, mlp_f64)
+MLP_HEAD(float, mlp_f32)
+
+#define MLP_SET(NAME, m, SFX, ISA) do { (m)->forward = NAME##_forward##SFX;           \
+    (m)->forward_batch = NAME##_forward_batch##SFX; (m)->chain = NAME##_chain##SFX;   \
+    (m)->act_fn = NAME##_act##SFX; (m)->isa = (ISA); } while (0)
 
 #if defined(MLP_NATIVE) || !defined(__x86_64__) || !defined(__GNUC__)
 /* One copy for the build machine (or a non-x86 target): 32-byte vectors. */
@@ -364,8 +484,7 @@ typedef int32_t mlp_v8i __attribute__((vector_size(32)));
 MLP_KERNELS(double, mlp_v4d, mlp_v4l, mlp_f64, 4, _one, MLP_RELU_V4D)
 MLP_KERNELS(float, mlp_v8f, mlp_v8i, mlp_f32, 8, _one, MLP_RELU_V8F)
 MLP_SMALL_ALL(mlp_v4d, mlp_v8f, 4, 8, _one)
-#define MLP_PICK(NAME, m) do { (m)->forward = NAME##_forward_one; (m)->forward_batch = NAME##_forward_batch_one; \
-    (m)->chain = NAME##_chain_one; if (MLP_SMALL_FITS(m)) NAME##_pick_small_one(m); } while (0)
+#define MLP_PICK(NAME, m) do { MLP_SET(NAME, m, _one, mlp_isa()); if (MLP_SMALL_FITS(m)) NAME##_pick_small_one(m); } while (0)
 static const char *mlp_isa(void) {
 #if defined(MLP_NATIVE)
     return "native";
@@ -404,22 +523,58 @@ MLP_SMALL_ALL(mlp_v4d, mlp_v8f, 4, 8, _avx2)
 #pragma GCC pop_options
 #endif
 
-/* CONTROL_NODE_ISA=sse2 forces the baseline copy (to test it on an AVX2 machine). */
-static int mlp_has_avx2(void) {
+/* AVX-512 (x86-64-v4: F, BW, CD, DQ, VL): 64-byte vectors, one whole padded row each. */
+#if defined(__clang__)
+#pragma clang attribute push (__attribute__((target("avx,avx2,fma,avx512f,avx512dq,avx512bw,avx512vl"))), \
+                              apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("arch=x86-64-v4")
+#endif
+typedef double mlp_v8d __attribute__((vector_size(64)));
+typedef int64_t mlp_v8l __attribute__((vector_size(64)));
+typedef float mlp_v16f __attribute__((vector_size(64)));
+typedef int32_t mlp_v16i __attribute__((vector_size(64)));
+/* max(0, v) by mask: v < 0 clears the lane, a NaN compares false and stays */
+#define MLP_RELU_V8D(v) ((mlp_v8d)((mlp_v8l)(v) & ~(mlp_v8l)((v) < 0)))
+#define MLP_RELU_V16F(v) ((mlp_v16f)((mlp_v16i)(v) & ~(mlp_v16i)((v) < 0)))
+MLP_KERNELS(double, mlp_v8d, mlp_v8l, mlp_f64, 8, _avx512, MLP_RELU_V8D)
+MLP_KERNELS(float, mlp_v16f, mlp_v16i, mlp_f32, 16, _avx512, MLP_RELU_V16F)
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
+
+/* CONTROL_NODE_ISA=sse2 or avx2 forces a narrower copy (to test it, or compare). */
+static int mlp_isa_allowed(const char *isa) {
     const char *force = getenv("CONTROL_NODE_ISA");
-    if (force && strcmp(force, "sse2") == 0) return 0;
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    if (!force || !*force) return 1;
+    if (strcmp(force, "sse2") == 0) return 0;
+    if (strcmp(force, "avx2") == 0) return strcmp(isa, "avx2") == 0;
+    return 1;
 }
+static int mlp_has_avx2(void) {
+    __builtin_cpu_init();
+    return mlp_isa_allowed("avx2") && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+}
+static int mlp_has_avx512(void) {
+    __builtin_cpu_init();
+    return mlp_isa_allowed("avx512") && mlp_has_avx2() && __builtin_cpu_supports("avx512f")
+        && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512bw")
+        && __builtin_cpu_supports("avx512vl");
+}
+/* The small compile-time-shaped kernels are AVX2 (their registers hold 32-byte rows); */
+/* everything else takes the widest vectors the CPU has. */
 #define MLP_PICK(NAME, m) do {                                                        \
-    if (mlp_has_avx2()) { (m)->forward = NAME##_forward_avx2;                         \
-        (m)->forward_batch = NAME##_forward_batch_avx2; (m)->chain = NAME##_chain_avx2; \
-        if (MLP_SMALL_FITS(m)) NAME##_pick_small_avx2(m); }                           \
-    else { (m)->forward = NAME##_forward_sse2;                                        \
-        (m)->forward_batch = NAME##_forward_batch_sse2; (m)->chain = NAME##_chain_sse2; \
-        if (MLP_SMALL_FITS(m)) NAME##_pick_small_sse2(m); }                           \
+    if (mlp_has_avx2() && MLP_SMALL_FITS(m)) { MLP_SET(NAME, m, _avx2, "avx2+fma"); NAME##_pick_small_avx2(m); } \
+    else if (mlp_has_avx512()) MLP_SET(NAME, m, _avx512, "avx512");                             \
+    else if (mlp_has_avx2()) MLP_SET(NAME, m, _avx2, "avx2+fma");                                 \
+    else { MLP_SET(NAME, m, _sse2, "sse2"); if (MLP_SMALL_FITS(m)) NAME##_pick_small_sse2(m); } \
 } while (0)
-static const char *mlp_isa(void) { return mlp_has_avx2() ? "avx2+fma" : "sse2"; }
+static const char *mlp_isa(void) {
+    return mlp_has_avx512() ? "avx512" : mlp_has_avx2() ? "avx2+fma" : "sse2";
+}
 #endif
 
 /* Choose the kernels for this CPU and shape; call once after filling every field. */
@@ -437,5 +592,7 @@ static inline int64_t mlp_f64_chain(mlp_f64 *m, const double *X, ptrdiff_t n, pt
 { return m->chain(m, X, n, s, it); }
 static inline int64_t mlp_f32_chain(mlp_f32 *m, const double *X, ptrdiff_t n, ptrdiff_t s, ptrdiff_t it)
 { return m->chain(m, X, n, s, it); }
+static inline int mlp_f64_act(mlp_f64 *m, const double *x, double *u) { return m->act_fn(m, x, u); }
+static inline int mlp_f32_act(mlp_f32 *m, const double *x, double *u) { return m->act_fn(m, x, u); }
 
 #endif

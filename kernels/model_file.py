@@ -1,35 +1,71 @@
-"""Model files: one ``.npz`` holding an MLP policy and what is needed to trust it.
+"""Model files: one ``.npz`` holding a policy and what is needed to trust it.
 
-Keys (all plain arrays; the file loads with ``allow_pickle=False``):
+A policy is: observation pre-processing, a stack of dense layers each with its own activation, and a
+head. For raw observations ``x`` (float64, n_features):
+
+1. ``x1 = x * obs_scale``                        per-feature scale (legged_gym's obs_scales)
+2. ``x2 = clip(x1, obs_clip_low, obs_clip_high)`` (legged_gym's clip_observations)
+3. ``z  = (x2 - mean) / scale``                   ``scale`` is the divisor with the exporter's epsilon
+                                                  folded in: rsl_rl ``std + 0.01``, SB3 ``sqrt(var + 1e-8)``
+4. ``z  = clip(z, norm_clip_low, norm_clip_high)`` (SB3 VecNormalize's clip_obs)
+5. ``h  = act_l(h @ W_l + b_l)`` for each layer l, in the compute ``dtype`` (steps 1-4 run in float64)
+6. head ``argmax``: the class index of the last layer's output (first maximum, as numpy);
+   head ``continuous`` (float64): ``a = tanh(h)`` if ``squash``, ``a = clip(a, action_low, action_high)``,
+   ``u = action_offset + action_scale * a`` (e.g. joint target = default pose + 0.25 * action).
+
+Keys (all plain arrays; the file loads with ``allow_pickle=False``). Version 1 files (ReLU hidden
+layers, argmax head, no pre-processing beyond mean/scale) still load.
 
 ==================  =======================  ==========================================
 key                 dtype / shape            meaning
 ==================  =======================  ==========================================
-format_version      int64 ()                 ``FORMAT_VERSION``
+format_version      int64 ()                 ``FORMAT_VERSION`` (1 or 2)
 dtype               str ()                   ``"float64"`` or ``"float32"``: compute dtype
-layer_sizes         int64 (L + 1,)           ``[n_features, hidden..., n_classes]``
+layer_sizes         int64 (L + 1,)           ``[n_features, hidden..., n_outputs]``
 W{i}, b{i}          dtype (n_in, n_out), (n_out,)  dense layer i, ``y = x @ W + b``
+activations         str (L,)                 v2: one of :data:`ACTIVATIONS` per layer
+alphas              float64 (L,)             v2: alpha of elu / leaky_relu / celu (else 0)
 mean, scale         float64 (n_features,)    normalisation ``(x - mean) / scale``
-classes             str (n_classes,)         class names, index = action
+obs_scale           float64 (n_features,)    v2: per-feature scale before clipping (default 1)
+obs_clip_low/high   float64 (n_features,)    v2: clip before normalising (default -inf / inf)
+norm_clip_low/high  float64 (n_features,)    v2: clip after normalising (default -inf / inf)
+head                str ()                   v2: ``"argmax"`` or ``"continuous"`` (v1: argmax)
+classes             str (n_classes,)         argmax: class names, index = action
+action_names        str (n_actions,)         continuous: names (joint names)
+squash              bool ()                  continuous: tanh before clipping
+action_low/high     float64 (n_actions,)     continuous: clip bounds (may be -inf / inf)
+action_offset       float64 (n_actions,)     continuous: ``u = offset + scale * a``
+action_scale        float64 (n_actions,)
 feature_names       str (n_features,)
+source              str ()                   v2: JSON: where it came from (file, sha256, exporter,
+                                             opset, producer, metadata_props)
 check_X             float64 (n, n_features)  inputs the kernel is verified on at load
 train_accuracy      float64 ()               may be NaN when unknown
 test_accuracy       float64 ()               may be NaN when unknown
-trainer             str ()                   ``"numpy"``, ``"sklearn"`` ...
+trainer             str ()                   ``"numpy"``, ``"sklearn"``, ``"onnx"``, ``"torchscript"`` ...
 sha256              str ()                   content hash, see :func:`content_hash`
 ==================  =======================  ==========================================
 """
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import zipfile
 from dataclasses import dataclass, field
 
 import numpy as np
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+READS_VERSIONS = (1, 2)
 DTYPES = ("float64", "float32")
+HEADS = ("argmax", "continuous")
+#: activation name -> (kernel code, default alpha); the codes are kernels/mlp_core.h's MLP_ACT_*
+ACTIVATIONS = {
+    "identity": (0, 0.0), "relu": (1, 0.0), "elu": (2, 1.0), "selu": (3, 0.0), "leaky_relu": (4, 0.01),
+    "celu": (5, 1.0), "tanh": (6, 0.0), "sigmoid": (7, 0.0), "softplus": (8, 0.0), "silu": (9, 0.0),
+}
+WITH_ALPHA = ("elu", "leaky_relu", "celu")
 
 
 class ModelFileError(ValueError):
@@ -42,7 +78,13 @@ class ModelFileError(ValueError):
 
 @dataclass
 class ModelSpec:
-    """An MLP policy in memory. ``layers`` holds ``(W, b)`` with W shaped (n_in, n_out)."""
+    """A policy in memory (see the module docstring for what each part computes).
+
+    ``layers`` holds ``(W, b)`` with W shaped (n_in, n_out), in ``dtype``. Everything after
+    ``feature_names`` has a default that gives the version-1 policy: ReLU hidden layers, an identity
+    output layer, an argmax head and no pre-processing beyond ``(x - mean) / scale``. Per-feature and
+    per-action arrays may be given as scalars (broadcast).
+    """
 
     layers: list
     mean: np.ndarray
@@ -55,15 +97,55 @@ class ModelSpec:
     test_accuracy: float = float("nan")
     trainer: str = "unknown"
     sha256: str = field(default="")
+    activations: list | None = None
+    alphas: list | None = None
+    obs_scale: np.ndarray | float = 1.0
+    obs_clip_low: np.ndarray | float = -np.inf
+    obs_clip_high: np.ndarray | float = np.inf
+    norm_clip_low: np.ndarray | float = -np.inf
+    norm_clip_high: np.ndarray | float = np.inf
+    head: str = "argmax"
+    action_names: list | None = None
+    squash: bool = False
+    action_low: np.ndarray | float = -np.inf
+    action_high: np.ndarray | float = np.inf
+    action_offset: np.ndarray | float = 0.0
+    action_scale: np.ndarray | float = 1.0
+    source: dict = field(default_factory=dict)
 
     def __post_init__(self):
         dt = np.dtype(self.dtype)
         self.layers = [(np.ascontiguousarray(W, dtype=dt), np.ascontiguousarray(b, dtype=dt))
                        for W, b in self.layers]
-        self.mean = np.ascontiguousarray(self.mean, dtype=np.float64)
-        self.scale = np.ascontiguousarray(self.scale, dtype=np.float64)
-        self.classes = [str(c) for c in self.classes]
+        n_layers = len(self.layers)
+        n_in = self.layers[0][0].shape[0] if self.layers else 0
+        n_out = self.layers[-1][0].shape[1] if self.layers else 0
+        if self.activations is None:
+            self.activations = ["relu"] * (n_layers - 1) + ["identity"]
+        self.activations = [str(a) for a in self.activations]
+        if self.alphas is None:
+            self.alphas = [ACTIVATIONS.get(a, (0, 0.0))[1] for a in self.activations]
+        self.alphas = [float(a) for a in self.alphas]
+
+        def per(v, n):
+            a = np.asarray(v, dtype=np.float64)
+            return np.ascontiguousarray(np.broadcast_to(a, (n,)) if a.ndim == 0 else a)
+
+        self.mean = per(self.mean, n_in)
+        self.scale = per(self.scale, n_in)
+        self.obs_scale = per(self.obs_scale, n_in)
+        self.obs_clip_low, self.obs_clip_high = per(self.obs_clip_low, n_in), per(self.obs_clip_high, n_in)
+        self.norm_clip_low, self.norm_clip_high = per(self.norm_clip_low, n_in), per(self.norm_clip_high, n_in)
+        self.head = str(self.head)
+        self.classes = [str(c) for c in (self.classes or [])]
+        if self.action_names is None:
+            self.action_names = [f"u{i}" for i in range(n_out)] if self.head == "continuous" else []
+        self.action_names = [str(a) for a in self.action_names]
+        self.squash = bool(self.squash)
+        self.action_low, self.action_high = per(self.action_low, n_out), per(self.action_high, n_out)
+        self.action_offset, self.action_scale = per(self.action_offset, n_out), per(self.action_scale, n_out)
         self.feature_names = [str(f) for f in self.feature_names]
+        self.source = dict(self.source or {})
         if not self.sha256:
             self.sha256 = content_hash(self)
 
@@ -71,17 +153,44 @@ class ModelSpec:
     def layer_sizes(self):
         return [self.layers[0][0].shape[0]] + [W.shape[1] for W, _ in self.layers]
 
+    @property
+    def n_actions(self) -> int:
+        """Width of the action the head gives: 1 (the class index) for argmax, else the vector's length."""
+        return 1 if self.head == "argmax" else self.layer_sizes[-1]
+
+    @property
+    def is_v1(self) -> bool:
+        """True when the policy is exactly what a version-1 file can hold (ReLU MLP, argmax, mean/scale)."""
+        L = len(self.layers)
+        return (self.head == "argmax" and self.activations == ["relu"] * (L - 1) + ["identity"]
+                and not self.has_preprocessing)
+
+    @property
+    def has_preprocessing(self) -> bool:
+        """True when steps 1, 2 or 4 of the pre-processing do anything."""
+        return bool((self.obs_scale != 1).any() or np.isfinite(self.obs_clip_low).any()
+                    or np.isfinite(self.obs_clip_high).any() or np.isfinite(self.norm_clip_low).any()
+                    or np.isfinite(self.norm_clip_high).any())
+
 
 def content_hash(spec: ModelSpec) -> str:
-    """SHA-256 over everything that changes what the policy answers."""
+    """SHA-256 over everything that changes what the policy answers.
+
+    A policy a version-1 file can hold hashes as it always did, so version-1 files keep their hash."""
     h = hashlib.sha256()
-    h.update(f"v{FORMAT_VERSION};{spec.dtype};{spec.layer_sizes};".encode())
+    v1 = spec.is_v1
+    h.update(f"v{1 if v1 else FORMAT_VERSION};{spec.dtype};{spec.layer_sizes};".encode())
     for W, b in spec.layers:
         h.update(np.ascontiguousarray(W).tobytes())
         h.update(np.ascontiguousarray(b).tobytes())
     h.update(spec.mean.tobytes())
     h.update(spec.scale.tobytes())
     h.update("\x00".join(spec.classes).encode())
+    if not v1:
+        h.update(json.dumps([spec.activations, spec.alphas, spec.head, spec.squash, spec.action_names]).encode())
+        for a in (spec.obs_scale, spec.obs_clip_low, spec.obs_clip_high, spec.norm_clip_low, spec.norm_clip_high,
+                  spec.action_low, spec.action_high, spec.action_offset, spec.action_scale):
+            h.update(np.ascontiguousarray(a, dtype=np.float64).tobytes())
     return h.hexdigest()
 
 
@@ -96,6 +205,16 @@ def save_model(spec: ModelSpec, path) -> str:
         "scale": spec.scale,
         "classes": np.asarray(spec.classes, dtype=str),
         "feature_names": np.asarray(spec.feature_names, dtype=str),
+        "activations": np.asarray(spec.activations, dtype=str),
+        "alphas": np.asarray(spec.alphas, dtype=np.float64),
+        "obs_scale": spec.obs_scale, "obs_clip_low": spec.obs_clip_low, "obs_clip_high": spec.obs_clip_high,
+        "norm_clip_low": spec.norm_clip_low, "norm_clip_high": spec.norm_clip_high,
+        "head": np.str_(spec.head),
+        "action_names": np.asarray(spec.action_names, dtype=str),
+        "squash": np.bool_(spec.squash),
+        "action_low": spec.action_low, "action_high": spec.action_high,
+        "action_offset": spec.action_offset, "action_scale": spec.action_scale,
+        "source": np.str_(json.dumps(spec.source, sort_keys=True, default=str)),
         "train_accuracy": np.float64(spec.train_accuracy),
         "test_accuracy": np.float64(spec.test_accuracy),
         "trainer": np.str_(spec.trainer),
@@ -139,9 +258,9 @@ def load_model(path) -> ModelSpec:
         raise ModelFileError(path, "(file)", f"not a readable .npz archive ({e})",
                              "re-export the model with `control-node train`") from None
     version = int(_require(data, path, "format_version"))
-    if version != FORMAT_VERSION:
-        raise ModelFileError(path, "format_version", f"is {version}, this build reads {FORMAT_VERSION}",
-                             "re-export the model with this version's `control-node train`")
+    if version not in READS_VERSIONS:
+        raise ModelFileError(path, "format_version", f"is {version}, this build reads {READS_VERSIONS}",
+                             "re-export the model with this version's `control-node train` or `import`")
     dtype = str(_require(data, path, "dtype"))
     if dtype not in DTYPES:
         raise ModelFileError(path, "dtype", f"is {dtype!r}", f"use one of {DTYPES}")
@@ -160,6 +279,29 @@ def load_model(path) -> ModelSpec:
             raise ModelFileError(path, f"b{i}", f"has shape {b.shape}, layer_sizes implies "
                                  f"({sizes[i + 1]},)", "re-export the model")
         layers.append((W, b))
+    extra = {}
+    if version >= 2:
+        L = len(layers)
+        acts = _require(data, path, "activations")
+        if acts.dtype.kind != "U" or acts.shape != (L,):
+            raise ModelFileError(path, "activations", f"is {acts.dtype} {acts.shape}, expected {L} names",
+                                 "re-export the model")
+        n_in, n_out = int(sizes[0]), int(sizes[-1])
+        extra = dict(activations=acts.tolist(), alphas=_numeric(data, path, "alphas").tolist(),
+                     head=str(_require(data, path, "head")),
+                     action_names=_require(data, path, "action_names").tolist(),
+                     squash=bool(_require(data, path, "squash")))
+        for key, n in (("obs_scale", n_in), ("obs_clip_low", n_in), ("obs_clip_high", n_in),
+                       ("norm_clip_low", n_in), ("norm_clip_high", n_in), ("action_low", n_out),
+                       ("action_high", n_out), ("action_offset", n_out), ("action_scale", n_out)):
+            arr = _numeric(data, path, key)
+            if arr.shape != (n,):
+                raise ModelFileError(path, key, f"has shape {arr.shape}, expected ({n},)", "re-export the model")
+            extra[key] = arr
+        try:
+            extra["source"] = json.loads(str(data.get("source", "{}")))
+        except ValueError as e:
+            raise ModelFileError(path, "source", f"is not JSON ({e})", "re-export the model") from None
     spec = ModelSpec(
         layers=layers,
         mean=_numeric(data, path, "mean"),
@@ -172,6 +314,7 @@ def load_model(path) -> ModelSpec:
         test_accuracy=float(data.get("test_accuracy", np.nan)),
         trainer=str(data.get("trainer", "unknown")),
         sha256=str(_require(data, path, "sha256")),
+        **extra,
     )
     validate_spec(spec, path)
     actual = content_hash(spec)
@@ -202,10 +345,52 @@ def validate_spec(spec: ModelSpec, path="(in memory)") -> None:
         i = int(np.flatnonzero(spec.scale == 0)[0])
         raise ModelFileError(path, "scale", f"is 0 for feature {i}",
                              "a constant feature has no scale: use 1.0 for it")
-    n_classes = spec.layers[-1][0].shape[1]
-    if len(spec.classes) != n_classes:
-        raise ModelFileError(path, "classes", f"names {len(spec.classes)} classes, the output layer has "
-                             f"{n_classes}", "re-export the model")
+    n_out = spec.layers[-1][0].shape[1]
+    L = len(spec.layers)
+    if len(spec.activations) != L:
+        raise ModelFileError(path, "activations", f"names {len(spec.activations)} activations for {L} layers",
+                             "give one activation per dense layer")
+    for i, a in enumerate(spec.activations):
+        if a not in ACTIVATIONS:
+            raise ModelFileError(path, "activations", f"layer {i}: {a!r} is not supported",
+                                 f"use one of {sorted(ACTIVATIONS)}")
+    if len(spec.alphas) != L or not np.isfinite(spec.alphas).all():
+        raise ModelFileError(path, "alphas", f"is {spec.alphas}", f"give {L} finite values (0 where unused)")
+    for i, a in enumerate(spec.activations):
+        if a == "celu" and spec.alphas[i] == 0:
+            raise ModelFileError(path, "alphas", f"layer {i}: celu with alpha 0", "use alpha > 0 (torch: 1.0)")
+    for name in ("obs_scale", "obs_clip_low", "obs_clip_high", "norm_clip_low", "norm_clip_high"):
+        arr = getattr(spec, name)
+        if arr.shape != (n_features,):
+            raise ModelFileError(path, name, f"has shape {arr.shape}, expected ({n_features},)", "re-export the model")
+    if not np.isfinite(spec.obs_scale).all():
+        raise ModelFileError(path, "obs_scale", "contains NaN or Inf", "use finite per-feature scales")
+    for lo, hi in (("obs_clip_low", "obs_clip_high"), ("norm_clip_low", "norm_clip_high")):
+        a, b = getattr(spec, lo), getattr(spec, hi)
+        if np.isnan(a).any() or np.isnan(b).any() or (a > b).any():
+            raise ModelFileError(path, lo, f"{lo} > {hi} or NaN for some feature",
+                                 "use low <= high (-inf / inf for no clip)")
+    if spec.head not in HEADS:
+        raise ModelFileError(path, "head", f"is {spec.head!r}", f"use one of {HEADS}")
+    if spec.head == "argmax":
+        if len(spec.classes) != n_out:
+            raise ModelFileError(path, "classes", f"names {len(spec.classes)} classes, the output layer has "
+                                 f"{n_out}", "re-export the model")
+    else:
+        if len(spec.action_names) != n_out:
+            raise ModelFileError(path, "action_names", f"names {len(spec.action_names)} actions, the output "
+                                 f"layer has {n_out}", "give one name per output (joint names)")
+        for name in ("action_low", "action_high", "action_offset", "action_scale"):
+            arr = getattr(spec, name)
+            if arr.shape != (n_out,):
+                raise ModelFileError(path, name, f"has shape {arr.shape}, expected ({n_out},)", "re-export the model")
+        for name in ("action_offset", "action_scale"):
+            if not np.isfinite(getattr(spec, name)).all():
+                raise ModelFileError(path, name, "contains NaN or Inf", "use finite values")
+        if np.isnan(spec.action_low).any() or np.isnan(spec.action_high).any() or \
+                (spec.action_low > spec.action_high).any():
+            raise ModelFileError(path, "action_low", "action_low > action_high or NaN for some action",
+                                 "use low <= high (-inf / inf for no clip)")
     if len(spec.feature_names) != n_features:
         raise ModelFileError(path, "feature_names", f"names {len(spec.feature_names)} features, the "
                              f"input layer takes {n_features}", "re-export the model")

@@ -1,15 +1,20 @@
-"""control-node train: train the iris policy (or import an MLPClassifier) and export a verified model file."""
+"""control-node train: train a policy (iris classifier, or the continuous pendulum controller) and export a
+verified model file."""
 
 
 def register(sub):
-    t = sub.add_parser("train", help="train the iris policy (or import an MLPClassifier) and export a verified model file",
-                       description="Train an MLP on iris (shipped with scikit-learn) with the plain numpy reference "
-                                   "loop, check that the compiled kernel gives the same answers, and write a model file.")
-    t.add_argument("--out", default="models/iris.npz", help="model file to write (default: %(default)s)")
-    t.add_argument("--hidden", type=int, nargs="+", default=[16], metavar="N",
-                   help="hidden layer widths, e.g. --hidden 32 32 (default: 16)")
-    t.add_argument("--dtype", choices=["f64", "f32"], default="f64",
-                   help="compute dtype of the kernel (default: %(default)s)")
+    t = sub.add_parser("train", help="train a policy (iris, or the pendulum controller) and export a verified model file",
+                       description="Train a policy with plain numpy, check that the compiled kernel gives the same "
+                                   "answers, and write a model file. --task iris: an MLP classifier on iris (shipped "
+                                   "with scikit-learn), argmax head. --task pendulum: a continuous torque policy "
+                                   "(3 -> 64 -> 64 -> 1 tanh, tanh-squashed, 2 N m) imitating an energy swing-up + "
+                                   "LQR controller with DAgger, in seconds; for `control-node sim pendulum`.")
+    t.add_argument("--task", choices=["iris", "pendulum"], default="iris", help="what to train (default: %(default)s)")
+    t.add_argument("--out", default=None, help="model file to write (default: models/TASK.npz)")
+    t.add_argument("--hidden", type=int, nargs="+", default=None, metavar="N",
+                   help="hidden layer widths, e.g. --hidden 32 32 (default: 16 for iris, 64 64 for pendulum)")
+    t.add_argument("--dtype", choices=["f64", "f32"], default=None,
+                   help="compute dtype of the kernel (default: f64 for iris, f32 for pendulum)")
     t.add_argument("--seed", type=int, default=0, help="seed for split, init and batches (default: %(default)s)")
     t.add_argument("--epochs", type=int, default=400, help="training epochs (default: %(default)s)")
     t.add_argument("--trainer", choices=["numpy", "sklearn"], default="numpy",
@@ -21,11 +26,15 @@ def register(sub):
 
 
 def run(args):
+    out = args.out or f"models/{args.task}.npz"
+    if args.task == "pendulum":
+        return _pendulum(args, out)
     import joblib
 
     from control_node.kernels.reference import reference_predict
     from control_node.train.iris import export_verified, spec_from_sklearn, train_iris
-    dtype = {"f64": "float64", "f32": "float32"}[args.dtype]
+    dtype = {"f64": "float64", "f32": "float32"}[args.dtype or "f64"]
+    args.hidden = args.hidden or [16]
     if args.from_sklearn:
         from sklearn.datasets import load_iris
         data = load_iris()
@@ -45,7 +54,24 @@ def run(args):
                           epochs=args.epochs)
         print(f"trained {spec.trainer} MLP {' -> '.join(map(str, spec.layer_sizes))} ({spec.dtype}, seed {args.seed})")
         print(f"train accuracy {spec.train_accuracy:.4f}   test accuracy {spec.test_accuracy:.4f}")
-    report = export_verified(spec, args.out)
+    report = export_verified(spec, out)
     print(f"kernel matches numpy reference on {report['checked']} samples (rtol {report['rtol']:g})")
-    print(f"wrote {args.out} (sha256 {spec.sha256[:16]})")
+    print(f"wrote {out} (sha256 {spec.sha256[:16]})")
+    return 0
+
+
+def _pendulum(args, out):
+    from control_node.train.pendulum import evaluate, export_verified, train_pendulum
+    if args.from_sklearn:
+        from control_node.errors import UserError
+        raise UserError("--from-sklearn is for --task iris")
+    dtype = {"f64": "float64", "f32": "float32"}[args.dtype or "f32"]
+    spec = train_pendulum(hidden=tuple(args.hidden or (64, 64)), dtype=dtype, seed=args.seed,
+                          log=lambda m: print(m, flush=True))
+    print(f"trained pendulum policy {' -> '.join(map(str, spec.layer_sizes))} ({spec.dtype}, seed {args.seed})")
+    for th0, sc in zip(("pi (hanging)", "2.0", "-2.5", "0.3"), evaluate(spec)):
+        print(f"offline, 50 Hz policy, start {th0}: {sc.line()}")
+    report = export_verified(spec, out)
+    print(f"kernel matches numpy reference on {report['checked']} samples (rtol {report['rtol']:g})")
+    print(f"wrote {out} (sha256 {spec.sha256[:16]})")
     return 0

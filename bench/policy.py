@@ -1,0 +1,406 @@
+"""control-node bench policy: the continuous policies robots run, the kernel against its peers in one run.
+
+Shapes (batch 1, random weights of the real sizes, float32 and float64 where it applies):
+
+* rsl_rl / IsaacLab actor 48 -> 512 -> 256 -> 128 -> 12 ELU, with the (x - mean) / (std + eps) normaliser
+* Unitree G1 velocity policy 480 -> 512 -> 256 -> 128 -> 29 ELU (5 stacked frames of 96)
+* stable-baselines3 PPO 3 -> 64 -> 64 -> 1 tanh
+* stable-baselines3 SAC actor 3 -> 256 -> 256 -> 1 ReLU, tanh-squashed
+
+Rows per shape, interleaved call by call (A B C A B C ...) so that drift and host stalls hit all alike:
+
+* kernel ``Policy.act_into(x, out)`` from Python (no allocation), and ``Policy.act(x)``
+* kernel at C level: the nogil entry point in a C loop (``Policy._act_loop``), throughput and latency
+* onnxruntime 1 intra-op thread, ORT_SEQUENTIAL: ``run_with_iobinding`` on preallocated input/output
+  OrtValues (the fastest call form found), and plain ``InferenceSession.run``
+* TorchScript (``torch.jit.script``), 1 thread, ``inference_mode``
+* numpy: the expression with preallocated ``out=`` buffers
+
+Every row is checked against the numpy reference before timing. Each timing sample is ~100 us of
+back-to-back calls of one row (its per-call mean), samples interleaved round-robin between the rows;
+the table gives p50 / p99 / p99.9 / max over the samples. C-level rows: means over chunks of calls. Beside
+each shape: its floor, compute (FMAs / (FMA units x lanes x clock)) and memory (weight bytes / the
+bandwidth of the cache level the weights fit in), from the CPU's published figures (sources in FLOORS).
+Run it alone: ``flock /tmp/control-node-bench.lock control-node bench policy``.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import time
+import tracemalloc
+
+import numpy as np
+
+from control_node.bench.common import LOCK_FILE, console, fmt_ns, machine_info, machine_lines, print_table, write_json
+
+SHAPES = {
+    "rsl_rl 48-512-256-128-12 ELU + normaliser": dict(sizes=[48, 512, 256, 128, 12], act="elu", norm=True,
+                                                       squash=False, dtypes=("float32", "float64")),
+    "G1 480-512-256-128-29 ELU": dict(sizes=[480, 512, 256, 128, 29], act="elu", norm=True, squash=False,
+                                      dtypes=("float32",)),
+    "SB3 PPO 3-64-64-1 tanh": dict(sizes=[3, 64, 64, 1], act="tanh", norm=False, squash=False,
+                                   dtypes=("float32", "float64")),
+    "SB3 SAC 3-256-256-1 ReLU + tanh squash": dict(sizes=[3, 256, 256, 1], act="relu", norm=False, squash=True,
+                                                   dtypes=("float32", "float64")),
+}
+
+#: per CPU family: FMA units, vector bytes, and load bandwidth per cycle from L1 / L2 / L3 (bytes),
+#: from the vendors' optimisation manuals
+FLOORS = {
+    "AMD Zen 3": dict(fma_units=2, vector_bytes=32, bw={"L1": 64, "L2": 32, "L3": 32},
+                      source="AMD Software Optimization Guide for AMD Family 19h Processors (pub. 56665): "
+                             "2 FMA pipes of 256 bits; 2 x 32-byte loads per cycle from L1, 32 B/cycle L2 and L3 fills"),
+    "Intel Ice Lake-SP": dict(fma_units=2, vector_bytes=64, bw={"L1": 128, "L2": 64, "L3": 16},
+                              source="Intel 64 and IA-32 Architectures Optimization Reference Manual (Ice Lake "
+                                     "server): 2 x 512-bit FMA, 2 x 64-byte loads/cycle L1, 64 B/cycle L2; "
+                                     "L3 ~16 B/cycle/core sustained"),
+}
+
+
+def cpu_family() -> str | None:
+    vendor = family = model = None
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                k, _, v = line.partition(":")
+                k, v = k.strip(), v.strip()
+                if k == "vendor_id":
+                    vendor = v
+                elif k == "cpu family":
+                    family = int(v)
+                elif k == "model" and model is None:
+                    model = int(v)
+                if vendor and family is not None and model is not None:
+                    break
+    except OSError:
+        return None
+    if vendor == "AuthenticAMD" and family == 25 and model is not None and model < 0x10:
+        return "AMD Zen 3"
+    if vendor == "GenuineIntel" and family == 6 and model in (106, 108):
+        return "Intel Ice Lake-SP"
+    return None
+
+
+def cache_sizes() -> dict:
+    out = {}
+    base = "/sys/devices/system/cpu/cpu0/cache"
+    for idx in sorted(os.listdir(base)) if os.path.isdir(base) else []:
+        try:
+            level = open(f"{base}/{idx}/level").read().strip()
+            kind = open(f"{base}/{idx}/type").read().strip()
+            size = open(f"{base}/{idx}/size").read().strip()
+        except OSError:
+            continue
+        if kind in ("Data", "Unified"):
+            mult = {"K": 1024, "M": 1024 ** 2}.get(size[-1], 1)
+            out[f"L{level}"] = int(size.rstrip("KM")) * mult
+    return out
+
+
+def clock_hz() -> float:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("cpu MHz"):
+                    return float(line.split(":")[1]) * 1e6
+    except OSError:
+        pass
+    return float("nan")
+
+
+def floor_of(sizes, dtype):
+    """(compute floor ns, memory floor ns, cache level, explanation) for one forward pass."""
+    fam = cpu_family()
+    fmas = sum(a * b for a, b in zip(sizes[:-1], sizes[1:]))
+    weight_bytes = (fmas + sum(sizes[1:])) * np.dtype(dtype).itemsize
+    if fam is None:
+        return None, None, None, f"unknown CPU: no published figures ({fmas} FMAs, {weight_bytes} weight bytes)"
+    f = FLOORS[fam]
+    hz = clock_hz()
+    lanes = f["vector_bytes"] // np.dtype(dtype).itemsize
+    compute = fmas / (f["fma_units"] * lanes * hz) * 1e9
+    caches = cache_sizes()
+    level = next((lv for lv in ("L1", "L2", "L3") if weight_bytes <= caches.get(lv, 0)), "L3")
+    memory = weight_bytes / (f["bw"][level] * hz) * 1e9
+    return compute, memory, level, (f"{fam} at {hz / 1e9:.2f} GHz: {fmas} FMAs / ({f['fma_units']} x {lanes} "
+                                    f"lanes); {weight_bytes / 1024:.0f} KiB of weights from {level} at "
+                                    f"{f['bw'][level]} B/cycle. Source: {f['source']}")
+
+
+def make_spec(cfg, dtype, seed=0):
+    from control_node.kernels import ModelSpec
+    rng = np.random.default_rng(seed)
+    sizes = cfg["sizes"]
+    layers = [(rng.normal(0, 1 / np.sqrt(a), (a, b)), rng.normal(0, 0.1, b)) for a, b in zip(sizes[:-1], sizes[1:])]
+    n, m = sizes[0], sizes[-1]
+    acts = [cfg["act"]] * (len(layers) - 1) + ["identity"]
+    return ModelSpec(layers=layers, mean=rng.normal(size=n) if cfg["norm"] else 0.0,
+                     scale=rng.uniform(0.5, 2, n) + 0.01 if cfg["norm"] else 1.0, classes=[],
+                     feature_names=[f"x{i}" for i in range(n)], dtype=dtype, activations=acts, head="continuous",
+                     squash=cfg["squash"], action_offset=rng.normal(size=m) * 0.1, action_scale=0.25,
+                     action_names=[f"j{i}" for i in range(m)])
+
+
+# ---- the peers ---------------------------------------------------------------------------
+ONNX_ACT = {"elu": "Elu", "tanh": "Tanh", "relu": "Relu"}
+
+
+def onnx_model(spec):
+    """The policy as the exporters write it: Sub, Div normaliser, Gemm (transB=1) + activation, head."""
+    from onnx import TensorProto, helper, numpy_helper
+    dt = np.dtype(spec.dtype)
+    tp = TensorProto.FLOAT if dt == np.float32 else TensorProto.DOUBLE
+    inits = [numpy_helper.from_array(spec.mean.astype(dt).reshape(1, -1), "mean"),
+             numpy_helper.from_array(spec.scale.astype(dt).reshape(1, -1), "std")]
+    nodes = [helper.make_node("Sub", ["obs", "mean"], ["c"]), helper.make_node("Div", ["c", "std"], ["h0"])]
+    h = "h0"
+    for i, ((W, b), act) in enumerate(zip(spec.layers, spec.activations)):
+        inits += [numpy_helper.from_array(np.ascontiguousarray(W.T), f"W{i}"), numpy_helper.from_array(b, f"b{i}")]
+        nodes.append(helper.make_node("Gemm", [h, f"W{i}", f"b{i}"], [f"g{i}"], transB=1))
+        h = f"g{i}"
+        if act != "identity":
+            nodes.append(helper.make_node(ONNX_ACT[act], [h], [f"a{i}"]))
+            h = f"a{i}"
+    if spec.squash:
+        nodes.append(helper.make_node("Tanh", [h], ["t"]))
+        h = "t"
+    inits += [numpy_helper.from_array(spec.action_scale.astype(dt).reshape(1, -1), "ascale"),
+              numpy_helper.from_array(spec.action_offset.astype(dt).reshape(1, -1), "aoff")]
+    nodes += [helper.make_node("Mul", [h, "ascale"], ["s"]), helper.make_node("Add", ["s", "aoff"], ["actions"])]
+    n, m = spec.layer_sizes[0], spec.layer_sizes[-1]
+    g = helper.make_graph(nodes, "policy", [helper.make_tensor_value_info("obs", tp, [1, n])],
+                          [helper.make_tensor_value_info("actions", tp, [1, m])], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def onnxruntime_rows(spec, x):
+    import onnxruntime as ort
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 1
+    so.inter_op_num_threads = 1
+    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    sess = ort.InferenceSession(onnx_model(spec).SerializeToString(), so, providers=["CPUExecutionProvider"])
+    dt = np.dtype(spec.dtype)
+    xin = np.zeros((1, len(x)), dtype=dt)
+    out = np.zeros((1, spec.layer_sizes[-1]), dtype=dt)
+    io = sess.io_binding()
+    io.bind_ortvalue_input("obs", ort.OrtValue.ortvalue_from_numpy(xin))
+    io.bind_ortvalue_output("actions", ort.OrtValue.ortvalue_from_numpy(out))
+    run_io, run = sess.run_with_iobinding, sess.run
+
+    def iobinding(xv):
+        xin[0] = xv
+        run_io(io)
+        return out[0]
+
+    def plain(xv):
+        return run(None, {"obs": xv.astype(dt).reshape(1, -1)})[0][0]
+    return [(f"onnxruntime {ort.__version__} IOBinding, 1 thread", iobinding),
+            (f"onnxruntime {ort.__version__} run(), 1 thread", plain)]
+
+
+def torchscript_row(spec):
+    import torch
+    torch.set_num_threads(1)
+    dt = torch.float32 if spec.dtype == "float32" else torch.float64
+    mods = []
+    acts = {"elu": torch.nn.ELU, "tanh": torch.nn.Tanh, "relu": torch.nn.ReLU}
+    for (W, b), act in zip(spec.layers, spec.activations):
+        lin = torch.nn.Linear(W.shape[0], W.shape[1]).to(dt)
+        with torch.no_grad():
+            lin.weight.copy_(torch.from_numpy(np.ascontiguousarray(W.T)))
+            lin.bias.copy_(torch.from_numpy(b))
+        mods.append(lin)
+        if act != "identity":
+            mods.append(acts[act]())
+
+    class Actor(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = torch.nn.Sequential(*mods)
+            self.register_buffer("mean", torch.from_numpy(spec.mean.astype(spec.dtype)))
+            self.register_buffer("std", torch.from_numpy(spec.scale.astype(spec.dtype)))
+            self.register_buffer("aoff", torch.from_numpy(spec.action_offset.astype(spec.dtype)))
+            self.register_buffer("ascale", torch.from_numpy(spec.action_scale.astype(spec.dtype)))
+            self.squash = spec.squash
+
+        def forward(self, x):
+            a = self.net((x - self.mean) / self.std)
+            if self.squash:
+                a = torch.tanh(a)
+            return self.aoff + self.ascale * a
+
+    net = torch.jit.freeze(torch.jit.script(Actor().eval()))
+    from_numpy = torch.from_numpy
+    npdt = np.dtype(spec.dtype)
+
+    def f(xv):
+        with torch.inference_mode():
+            return net(from_numpy(xv.astype(npdt))).numpy()
+    return (f"TorchScript {torch.__version__}, 1 thread, inference_mode", f)
+
+
+def numpy_row(spec):
+    """The forward pass with every temporary preallocated (``out=``)."""
+    from control_node.kernels.reference import activate
+    dt = np.dtype(spec.dtype)
+    mean, scale = spec.mean, spec.scale
+    z64, z = np.empty(len(mean)), np.empty(len(mean), dtype=dt)
+    bufs = [np.empty(W.shape[1], dtype=dt) for W, _ in spec.layers]
+    steps = list(zip(spec.layers, spec.activations, spec.alphas, bufs))
+    u = np.empty(spec.layer_sizes[-1])
+    off, sc, squash = spec.action_offset, spec.action_scale, spec.squash
+
+    def f(xv):
+        np.subtract(xv, mean, out=z64)
+        np.divide(z64, scale, out=z64)
+        z[:] = z64
+        h = z
+        for (W, b), act, alpha, o in steps:
+            np.matmul(h, W, out=o)
+            np.add(o, b, out=o)
+            h = activate(act, o, alpha) if act != "identity" else o
+        a = np.tanh(h) if squash else h
+        np.multiply(a, sc, out=u)
+        np.add(u, off, out=u)
+        return u
+    return ("numpy, out= buffers", f)
+
+
+# ---- measurement ---------------------------------------------------------------------------
+def per_call(rows, x, n_samples, target_s=100e-6):
+    """Each row's callable in timing samples of k calls (k sized so a sample lasts ~``target_s``),
+    samples interleaved round-robin (A B C A B C ...); returns name -> ns per call, one per sample."""
+    from control_node.bench.common import calibrate, loop_calls, time_round_robin
+    bodies = {}
+    for name, fn in rows:
+        k = calibrate(fn, x, target_s, max_calls=2000)
+        bodies[name] = (loop_calls(fn, x, k), k)
+    return time_round_robin(bodies, n_samples)
+
+
+def c_level(policy, spec, n_chunks, chunk):
+    from control_node.kernels.reference import random_inputs
+    X = random_inputs(spec, 64, seed=3)
+    res = {}
+    for label, chained in (("kernel C level, throughput", False), ("kernel C level, latency (dependent)", True)):
+        policy._act_loop(X, 1000, chained)
+        t = np.empty(n_chunks)
+        for i in range(n_chunks):
+            t0 = time.perf_counter_ns()
+            policy._act_loop(X, chunk, chained)
+            t[i] = (time.perf_counter_ns() - t0) / chunk
+        res[label] = t
+    return res
+
+
+def allocations_per_call(policy, x, n=100_000):
+    out = np.zeros(policy.n_actions)
+    for _ in range(1000):
+        policy.act_into(x, out)
+    tracemalloc.start()
+    a0 = tracemalloc.get_traced_memory()[0]
+    for _ in range(n):
+        policy.act_into(x, out)
+    a1, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    return (a1 - a0) / n, peak - a0
+
+
+def pct(a):
+    return {"p50": float(np.percentile(a, 50)), "p99": float(np.percentile(a, 99)),
+            "p999": float(np.percentile(a, 99.9)), "max": float(a.max()), "n": int(a.size)}
+
+
+def bench_shape(name, cfg, dtype, settings, log):
+    from control_node.kernels import Policy
+    from control_node.kernels.reference import RTOL, random_inputs, reference_act
+    spec = make_spec(cfg, dtype)
+    policy = Policy(spec)
+    x = np.ascontiguousarray(random_inputs(spec, 1, seed=7)[0])
+    want = reference_act(spec, x[None, :])[0]
+    out = np.zeros(policy.n_actions)
+    act_into = policy.act_into
+
+    def kernel_act_into(xv):
+        act_into(xv, out)
+        return out
+    rows = [("kernel Policy.act_into(x, out)", kernel_act_into), ("kernel Policy.act(x)", policy.act)]
+    skipped = {}
+    for peer, make in (("onnxruntime", lambda: onnxruntime_rows(spec, x)), ("torch", lambda: [torchscript_row(spec)]),
+                       ("numpy", lambda: [numpy_row(spec)])):
+        try:
+            rows += make()
+        except ImportError as e:
+            skipped[peer] = f"not importable ({e.name or e})"
+        except Exception as e:       # e.g. onnxruntime has no float64 Elu kernel: say so, keep the others
+            skipped[peer] = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
+    tol = RTOL[dtype] * max(1.0, float(np.abs(want).max())) * 10
+    for rname, fn in rows:
+        got = np.asarray(fn(x), dtype=np.float64).ravel()
+        if not np.allclose(got, want, rtol=0, atol=tol):
+            raise SystemExit(f"bench policy: {rname} on {name} {dtype} answers {got[:4]}..., the reference {want[:4]}...")
+    log(f"{name} {dtype}: {len(rows)} rows x {settings['samples']} samples ...")
+    times = per_call(rows, x, settings["samples"])
+    times.update(c_level(policy, spec, settings["chunks"], settings["chunk"]))
+    alloc, peak = allocations_per_call(policy, x)
+    compute, memory, level, how = floor_of(cfg["sizes"], dtype)
+    floor = max(compute, memory) if compute is not None else None
+    ort_name = next((r for r, _ in rows if "IOBinding" in r), None)   # the ratio column's baseline
+    base = float(np.median(times[ort_name])) if ort_name else None
+    result = []
+    for rname, t in times.items():
+        p = pct(t)
+        p.update(name=rname, vs_onnxruntime=(base / p["p50"]) if base else None,
+                 vs_floor=(p["p50"] / floor) if floor else None)
+        result.append(p)
+    return {"shape": name, "dtype": dtype, "sizes": cfg["sizes"], "activation": cfg["act"], "isa": policy.isa,
+            "kernel": policy.kernel, "rows": result, "skipped": skipped,
+            "floor_ns": {"compute": compute, "memory": memory, "cache_level": level, "how": how},
+            "allocations_per_call_bytes": alloc, "tracemalloc_peak_bytes": peak}
+
+
+def report(res):
+    con = console()
+    for line in machine_lines(res["machine"]):
+        con.print(line)
+    for sh in res["shapes"]:
+        fl = sh["floor_ns"]
+        title = (f"{sh['shape']}, {sh['dtype']} (kernel {sh['isa']}, {sh['kernel']}); floor: compute "
+                 f"{fmt_ns(fl['compute'])}, memory {fmt_ns(fl['memory'])} ({fl['cache_level']}); allocations per "
+                 f"call {sh['allocations_per_call_bytes']:.3f} B")
+        rows = [[r["name"], fmt_ns(r["p50"]), fmt_ns(r["p99"]), fmt_ns(r["p999"]), fmt_ns(r["max"]),
+                 "-" if r["vs_onnxruntime"] is None else f"{r['vs_onnxruntime']:.1f}x",
+                 "-" if r["vs_floor"] is None else f"{r['vs_floor']:.2f}"] for r in sh["rows"]]
+        print_table(title, ["row", "p50", "p99", "p99.9", "max", "onnxruntime p50 / row p50", "p50 / floor"], rows, con)
+        con.print(f"  floor: {fl['how']}")
+        if sh["skipped"]:
+            con.print(f"  skipped: {sh['skipped']}")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="control-node bench policy", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--samples", type=int, default=400,
+                    help="timing samples per row, each ~100 us of back-to-back calls (default: %(default)s)")
+    ap.add_argument("--chunks", type=int, default=400, help="C-level timing chunks (default: %(default)s)")
+    ap.add_argument("--chunk", type=int, default=1000, help="calls per C-level chunk (default: %(default)s)")
+    ap.add_argument("--shape", action="append", choices=list(SHAPES), help="only these shapes (repeatable)")
+    ap.add_argument("--json", help="write the results here")
+    a = ap.parse_args(argv)
+    settings = {"samples": a.samples, "chunks": a.chunks, "chunk": a.chunk}
+    res = {"machine": machine_info(), "settings": settings, "lock_file": LOCK_FILE, "shapes": []}
+    for name in a.shape or SHAPES:
+        cfg = SHAPES[name]
+        for dtype in cfg["dtypes"]:
+            res["shapes"].append(bench_shape(name, cfg, dtype, settings, lambda m: print(m, flush=True)))
+    report(res)
+    if a.json:
+        write_json(a.json, res)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
