@@ -11,7 +11,8 @@ import importlib
 import sys
 
 VERBS = ["run", "launch", "sim", "record", "replay", "export", "report", "top", "hz", "echo",
-         "train", "bench", "keys"]
+         "train", "import", "bench", "keys"]
+MODULES = {"import": "importer"}    # a verb that is a Python keyword lives in a module of another name
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -21,10 +22,11 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Run `control-node VERB --help` for each verb's options.")
     sub = p.add_subparsers(dest="verb", metavar="VERB", required=True)
     for verb in VERBS:
+        name = MODULES.get(verb, verb)
         try:
-            module = importlib.import_module(f"control_node.verbs.{verb}")
+            module = importlib.import_module(f"control_node.verbs.{name}")
         except ModuleNotFoundError as e:
-            if e.name == f"control_node.verbs.{verb}":
+            if e.name == f"control_node.verbs.{name}":
                 continue  # verb not built yet
             raise
         parser = module.register(sub)
@@ -35,11 +37,12 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     from control_node.kernels import ConsistencyError, ModelFileError
+    from control_node.kernels.importers import ImportRefused
 
     from control_node.errors import UserError
     try:
         return args.func(args) or 0
-    except (ModelFileError, ConsistencyError, UserError) as e:
+    except (ModelFileError, ConsistencyError, UserError, ImportRefused) as e:
         print(f"control-node {args.verb}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -1,12 +1,14 @@
 /*
  * Lane-wise exp / expm1 / log1p and the activations built on them, on GCC/Clang vector
  * extension types, for the kernels in mlp_core.h. No libm call, no scalar loop, no branch on
- * data, no gather: every function is straight-line vector code that the compiler schedules
- * (a*b+c contracts to FMA under the AVX2 / AVX-512 targets; everything here is accurate with or
- * without contraction). No fast-math needed or assumed (-O3 -fno-math-errno -fno-trapping-math).
+ * data, no gather, no int<->float conversion instruction (so SSE2 is enough): straight-line
+ * vector code; a*b+c contracts to FMA under the AVX2 / AVX-512 targets, and every bound below
+ * holds with and without contraction. No fast-math needed or assumed (the project builds with
+ * -O3 -fno-math-errno -fno-trapping-math). C only (_Generic, GNU vector extensions).
  *
  * MLP_VMATH(T, VT, VI, NAME) instantiates, for T = double (VI: int64 lanes) or T = float (VI:
- * int32 lanes) and a vector VT of any width (16, 32, 64 bytes), the static inline functions
+ * int32 lanes) and a vector VT of any width (16, 32 or 64 bytes), the static inline
+ * (always_inline) functions
  *
  *   NAME_exp(x)      e^x
  *   NAME_expm1(x)    e^x - 1
@@ -19,63 +21,88 @@
  *   NAME_tanh(x), NAME_sigmoid(x) = 1/(1 + e^-x), NAME_softplus(x) = log(1 + e^x),
  *   NAME_silu(x) = x*sigmoid(x)
  *
- * Every function returns NaN for a NaN lane (a broken input never looks valid), and none returns
- * NaN or +-inf for a finite lane unless the exact result overflows: only exp and expm1 (x above
- * the threshold below) and selu (x > DBL_MAX/1.0507, resp. FLT_MAX/1.0507) can overflow.
+ * and helpers named NAME_vm_*. Every function returns NaN for a NaN lane (a broken input never
+ * looks valid), and none returns NaN or +-inf for a finite lane unless the exact result
+ * overflows: only exp and expm1 (x above the threshold below) and selu (x > T_MAX/1.0507) can.
  *
- * Special values and saturation, exactly (double / float):
- *   exp:   result is +inf iff x > 709.782712893384 (0x1.62e42fefa39efp+9) / 88.72283172607422
- *          (0x1.62e42ep+6), the largest x whose correctly rounded e^x is finite; for x at or
- *          below it the result is finite (clamped to DBL_MAX / FLT_MAX if the polynomial would
- *          overshoot). exp(+inf) = +inf, exp(-inf) = +0. Results below the normal range are
- *          rounded once into the subnormals (2^k is applied as 2^k1 * 2^k2), so they keep
- *          their ULP accuracy; exp(x) = +0 from x < -745.14 / -103.98 on.
- *   expm1: same overflow threshold as exp; expm1(-inf) = -1, expm1(+inf) = +inf,
- *          expm1(+-0) = +-0; relative accuracy near 0 (e^r - 1 is the polynomial itself).
- *   log1p: domain x >= -1: log1p(-1) = -inf, log1p(+inf) = +inf, log1p(+-0) = +-0, and NaN
- *          for x < -1 (including -inf). Accurate on the whole of (-1, +inf).
- *   tanh:  exactly +-1 once the correctly rounded tanh is +-1 (|x| >= 19.06 / 9.01 or so),
- *          tanh(+-0) = +-0, tanh(+-inf) = +-1; |tanh| <= 1 always.
- *   sigmoid: in [0, 1] always; exactly 1 for x >= 36.8 / 16.7 or so, +0 for x <= -745.2 /
- *          -104 or so (subnormal results for x in between are rounded once), sigmoid(+inf) = 1,
- *          sigmoid(-inf) = 0.
- *   softplus: >= max(x, 0); softplus(+inf) = +inf, softplus(-inf) = +0.
- *   silu:  silu(+inf) = +inf, silu(-inf) = -0 (the limit; x*sigmoid(x) would be NaN).
- *   elu, selu, celu: -alpha, -1.0507*1.6733 (rounded to T), -alpha at -inf; +inf at +inf.
- *   Signs of zero: kept by expm1, log1p, tanh and leaky_relu; the others may return +0 for -0.
+ * Special values and saturation, exactly (double / float); "checked" = vmath_check enforces it:
+ *   exp:   +inf iff x > 709.782712893384 (0x1.62e42fefa39efp+9) / 88.72283172607422
+ *          (0x1.62e42ep+6), the largest x whose correctly rounded e^x is finite; at or below
+ *          it the result is finite (clamped to DBL_MAX / FLT_MAX should the polynomial
+ *          overshoot; it did not at any point checked). exp(+inf) = +inf, exp(-inf) = +0,
+ *          exp(+-0) = 1. Results in the subnormal range are rounded once (2^k is applied as
+ *          2^k1 * 2^k2), so their ULP error (in subnormal ulps) is as small as elsewhere;
+ *          exp(x) = +0 for x <= -745.2 / -104 (checked).
+ *   expm1: +inf iff x > the same threshold; expm1(-inf) = -1, expm1(+inf) = +inf,
+ *          expm1(+-0) = +-0, >= -1 always; relative accuracy near 0 (there the result is the
+ *          polynomial itself).
+ *   log1p: domain x >= -1: log1p(-1) = -inf, log1p(+inf) = +inf, log1p(+-0) = +-0; NaN for
+ *          x < -1 (including -inf). Accurate on the whole of (-1, +inf).
+ *   tanh:  exactly +-1 wherever the correctly rounded tanh is +-1 (from |x| = 19.06 / 9.01
+ *          on) and for all |x| >= 20 / 10 (checked); |tanh| <= 1 always; tanh(+-0) = +-0;
+ *          tanh(+-inf) = +-1.
+ *   sigmoid: in [0, 1] always; exactly 1 for x >= 40 / 20 (checked); +0 where e^x rounds
+ *          to 0; subnormal results rounded once; sigmoid(+-0) = 0.5, sigmoid(+inf) = 1,
+ *          sigmoid(-inf) = +0.
+ *   softplus: >= max(x, 0) always; softplus(+inf) = +inf, softplus(-inf) = +0.
+ *   silu:  silu(+inf) = +inf, silu(-inf) = -0 (the limit; x*sigmoid(x) would be NaN);
+ *          subnormal results (x in about [-751.7, -715]) rounded once.
+ *   elu, celu: -alpha at -inf; selu: -(1.0507*1.6733 rounded to T) at -inf; all +inf at +inf.
+ *   Signs of zero: kept by expm1, log1p, tanh and leaky_relu (checked); the others may
+ *   return +0 for -0.
  *
- * How: exp/expm1 reduce x = k*ln2 + r, |r| <= ln2/2, k = rint(x/ln2) by the 1.5*2^52 (2^23)
- * shifter, r by a two-constant Cody-Waite split of ln2 (k*ln2_hi exact), e^r - 1 = r + r^2*P(r)
- * with P minimax of degree 10 (double; Estrin) / 4 (float), 2^k = 2^k1 * 2^k2 (k1 = rint(k/2))
- * built with integer adds and shifts on the lanes (no int<->float conversion instruction is
- * needed, so SSE2 is enough). expm1 = 2^k1 * (2^k2 * q + (2^k2 - 2^-k1)), which is exact
- * bookkeeping for the "-1" at every k. x is clamped to [-1000, 710] / [-150, 89] first (NaN
- * passes through the clamp). log1p: u = 1 + x with its exact rounding error c = x - (u - 1),
- * u = 2^k * m, m in [sqrt(1/2), sqrt(2)), f = (m - 1) + c*2^-k, then fdlibm's
+ * How: exp/expm1 reduce x = k*ln2 + r, |r| <= ln2/2, k = rint(x/ln2) by the 1.5*2^52
+ * (1.5*2^23) shifter, r by a two-constant Cody-Waite split of ln2 (k*ln2_hi exact);
+ * e^r - 1 = r + r^2*P(r), P minimax of degree 10 (double, Estrin) / 4 (float, Horner-Estrin),
+ * fitted by Remez in 60-digit arithmetic (approximation error 0.01 / 0.4 ulp);
+ * 2^k = 2^k1 * 2^k2 (k1 = rint(k/2)) built by integer adds and shifts on the lanes.
+ * expm1 = 2^k1 * (2^k2 * q + (2^k2 - 2^-k1)): exact bookkeeping of the "-1" at every k.
+ * x is clamped to [-1000, 710] / [-150, 89] first (NaN passes through the clamp).
+ * log1p: u = 1 + x with its exact rounding error c = x - (u - 1), u = 2^k * m with m in
+ * [sqrt(1/2), sqrt(2)) from the bits, f = (m - 1) + c*2^-k, then fdlibm's
  * log(1 + f) = f - f^2/2 + s*(f^2/2 + R(s^2)), s = f/(2 + f) (one division).
- * tanh(x) = sign(x) * -e/(2 + e), e = expm1(-2|x|) in (-1, 0] (no overflow; 1 exactly when
+ * tanh(x) = sign(x) * -e/(2 + e), e = expm1(-2|x|) in (-1, 0] (no overflow; exactly 1 when
  * e rounds to -1). sigmoid = (x >= 0 ? 1 : e)/(1 + e), e = exp(-|x|). silu = (x >= 0 ? x :
- * x*e)/(1 + e), the x*e product taken before the final 2^k2 scaling so that subnormal results
- * are rounded once. softplus = max(x, 0) + log1p(exp(-|x|)). Each activation is one exp-type
- * reduction, plus one division (tanh, sigmoid, silu, celu) or one log1p (softplus).
+ * x*e)/(1 + e), the x*e product taken before the last 2^k2 scaling, so that subnormal results
+ * are rounded once. softplus = max(x, 0) + log1p(exp(-|x|)). elu/selu: expm1 of min(x, 0).
+ * Each activation costs one exp-type reduction plus one division (tanh, sigmoid, silu, celu)
+ * or one log1p (softplus); exp is ~37 vector instructions besides constants with clang, ~49
+ * with gcc at AVX2 (gcc writes the lane selects as 3 logic ops there, vpternlog at AVX-512).
  *
- * Accuracy, MEASURED by kernels/tests_c/vmath_check.c (run by tests/test_vmath.py), which
- * compares every lane with a long double libm reference (expl, expm1l, log1pl, tanhl; for
- * float the double libm) and fails if a bound below is exceeded or any special-value rule above
- * is broken. Error = |result - exact| / ulp(exact), ulp of the result type (subnormal ulp below
- * the normal range, so "ULP" stays meaningful for subnormal results). Points per type and
- * function: 2^21 spread over the bit patterns of all finite values of both signs (log-spaced:
- * every binade, subnormals to DBL_MAX / FLT_MAX, so 1e300 and 3e38 are in), 3*2^18 linear
- * on [-800, 720] / [-110, 90], [-40, 40] / [-20, 20] and [-1, 1], 2^17 linear on [-1, -0.5],
- * +-8 ulps around every k*ln2/2 (|k| <= 2200 / 300), around the overflow, underflow,
- * subnormal, clamp and saturation thresholds, and the special values 0, -0, +-inf, NaNs
- * (quiet, signalling, negative, payloads), the smallest / largest subnormals and normals,
- * +-DBL_MAX / FLT_MAX. Ranges are the whole finite line unless noted. Each ISA copy (SSE2;
- * AVX2+FMA; AVX-512 when the CPU has it) compiled by gcc 12 and clang 14 was run; the max over
- * all of them is listed (FMA contraction makes the ISAs differ slightly).
+ * Accuracy: MEASURED by kernels/tests_c/vmath_check.c (built and run by tests/test_vmath.py),
+ * which compares every lane with a long double libm reference (expl, expm1l, log1pl, tanhl;
+ * the double libm for float) and exits non-zero if a bound below is exceeded or any rule above
+ * that it checks is broken. Error = |result - exact| / ulp(exact) in the result type (the
+ * subnormal ulp below the normal range). Inputs, per type and function (3.10M double, 3.03M
+ * float): 2^21 spread evenly over the bit patterns of all finite values of both signs
+ * (log-spaced: every binade from the smallest subnormal to DBL_MAX / FLT_MAX, so the
+ * saturating ends up to 1e308 / 3e38 are in); 2^18 each linear on [-800, 720] / [-110, 90],
+ * [-40, 40] / [-20, 20] and [-1, 1], 2^17 on [-1, -0.5]; +-8 ulps around every k*ln2/2 in the
+ * clamp range (the reduction's rounding boundaries); +-32 ulps around +-(overflow threshold,
+ * e^x underflow to 0 and to subnormal, clamp ends, tanh / sigmoid saturation, silu underflow,
+ * 1e300 / 3e38, 1, 0.5, -1, ...); and 0, -0, +-inf, 7 NaNs (quiet, signalling, negative,
+ * payloads), the smallest / largest subnormals and normals, +-DBL_MAX / FLT_MAX. Max over
+ * the whole finite line (log1p: x >= -1), over the builds gcc 12 and clang 14 and over the ISA
+ * copies SSE2, AVX2+FMA and 64-byte vectors under the AVX2 target; the AVX-512 copy is checked
+ * the same way when the CPU has AVX-512, but the machine these numbers come from (AMD EPYC,
+ * AVX2 only) does not, so AVX-512 is compiled but NOT measured here. Alpha functions: max over
+ * elu alpha 1, 0.3; celu alpha 1, 2.5, 0.3; leaky_relu alpha 0.01, 0.2. In relative terms a
+ * bound of b ULP is at most b * 2^-52 (double) / b * 2^-23 (float) for normal results.
  *
- *   function      double: max ULP (bound)        float: max ULP (bound)
- *   (filled in below from the measurements)
+ * ACCURACY TABLE (max ULP measured, (bound enforced by vmath_check))
+ *   function     double          float           where the double max was
+ *   exp          0.99  (1.5)     1.04  (1.5)     x = 408.6
+ *   expm1        1.51  (2.0)     1.33  (2.0)     x = 0.383 (k = 1)
+ *   log1p        1.05  (1.5)     1.38  (2.0)     x = 0.5
+ *   elu          1.83  (2.5)     1.53  (2.5)     x = -0.348, alpha = 0.3
+ *   selu         1.65  (2.5)     1.81  (2.5)     x = -0.318
+ *   celu         2.33  (3.0)     2.02  (3.0)     x = -0.897, alpha = 2.5 (x/alpha rounds)
+ *   leaky_relu   0.50  (0.5)     0.50  (0.5)     correctly rounded
+ *   tanh         2.49  (3.0)     2.48  (3.0)     x = -4.64
+ *   sigmoid      2.12  (3.0)     2.25  (3.0)     x = -2.72
+ *   softplus     1.64  (2.5)     1.64  (2.5)     x = -0.769
+ *   silu         2.87  (3.5)     2.79  (3.5)     x = -5.09
+ * END ACCURACY TABLE
  */
 #ifndef CONTROL_NODE_VMATH_H
 #define CONTROL_NODE_VMATH_H

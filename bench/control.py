@@ -1,0 +1,127 @@
+"""control-node bench control: how the pendulum's control score degrades with added delay and with missed
+policy ticks -- the picture of why latency and jitter matter.
+
+The trained pendulum policy (``control-node train --task pendulum``, or trained here in a few seconds) runs
+through the compiled kernel at 50 Hz inside a 1 kHz RK4 simulation of the pendulum, in one process, so that
+the only things varied are the ones named: a transport delay added between observation and torque, a
+share of policy ticks missed at random, and periodic stalls (no new action for S ms every 500 ms, as a host
+stall of the loop does); a missed tick holds the previous torque, as the node holds its action. Each
+setting is scored from several starts (time to upright, RMS angle error after settling, falls, effort).
+The same sweep through a real node and ZeroMQ is `control-node launch configs/pendulum.toml` with
+`--delay-us` on the simulator.
+"""
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+
+from control_node.bench.common import console, machine_info, machine_lines, print_table, write_json
+
+DELAYS_MS = (0, 5, 10, 20, 40, 80, 120, 160, 200, 300)
+MISS_RATES = (0.0, 0.1, 0.3, 0.6, 0.8, 0.9, 0.95)
+STALLS_MS = (0, 20, 50, 100, 200, 300, 400)       # one stall of this length every 500 ms
+STARTS = (np.pi, 2.5, -2.0, 1.0)
+
+
+def _policy(model):
+    from control_node.kernels import Policy
+    if model:
+        return Policy.load(model)
+    from control_node.train.pendulum import train_pendulum
+    return Policy(train_pendulum())
+
+
+def run_setting(policy, delay_ms=0.0, miss_rate=0.0, stall_ms=0.0, seed=0, duration_s=10.0, dt=0.001, every=20):
+    from control_node.sim import pendulum as P
+    rng = np.random.default_rng(seed)
+    out = np.zeros(1)
+    held = [0.0]
+    tick = [0]
+
+    def controller(obs):
+        t_ms = tick[0] * every * dt * 1000
+        tick[0] += 1
+        if rng.random() < miss_rate or (stall_ms and (t_ms % 500) < stall_ms):
+            return held[0]                       # a missed tick: the last action stays
+        policy.act_into(np.ascontiguousarray(obs), out)
+        held[0] = float(out[0])
+        return held[0]
+    scores = []
+    for th0 in STARTS:
+        held[0], tick[0] = 0.0, 0
+        t, th, u = P.rollout(controller, duration_s=duration_s, dt=dt, control_every=every, theta0=th0,
+                             delay_steps=int(round(delay_ms / 1000 / dt)))
+        scores.append(P.score(t, th, u))
+    ups = [s.time_to_upright_s for s in scores if s.time_to_upright_s is not None]
+    rms = [s.rms_error_rad for s in scores if s.rms_error_rad is not None]
+    return {"delay_ms": delay_ms, "miss_rate": miss_rate, "stall_ms": stall_ms, "upright_runs": len(ups), "runs": len(scores),
+            "time_to_upright_s": float(np.mean(ups)) if ups else None,
+            "rms_error_deg": float(np.degrees(np.mean(rms))) if rms else None,
+            "falls": int(sum(s.falls for s in scores)), "effort": float(np.mean([s.effort for s in scores]))}
+
+
+def plot(res, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4))
+    for ax, key, rows, xlabel in ((axes[0], "delay_ms", res["delay"], "added delay (ms)"),
+                                  (axes[1], "miss_rate", res["misses"], "share of policy ticks missed at random"),
+                                  (axes[2], "stall_ms", res["stalls"], "stall every 500 ms (ms, action held)")):
+        x = [r[key] for r in rows]
+        up = [r["time_to_upright_s"] if r["upright_runs"] == r["runs"] else np.nan for r in rows]
+        rms = [r["rms_error_deg"] if r["rms_error_deg"] is not None else np.nan for r in rows]
+        ax.plot(x, up, "o-", label="time to upright (s), all starts up")
+        ax2 = ax.twinx()
+        ax2.plot(x, rms, "s--", color="tab:red", label="RMS angle error after settling (deg)")
+        fails = [r[key] for r in rows if r["upright_runs"] < r["runs"] or r["falls"]]
+        for f in fails:
+            ax.axvline(f, color="grey", alpha=0.3)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("time to upright (s)")
+        ax2.set_ylabel("RMS error (deg)", color="tab:red")
+        ax.set_title("grey: a start never got up, or fell")
+    fig.suptitle("pendulum, 50 Hz policy in a 1 kHz simulation: score against delay and missed ticks")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="control-node bench control", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", help="pendulum model file (default: train one now, a few seconds)")
+    ap.add_argument("--json", help="write the results here")
+    ap.add_argument("--plot", help="write the picture here (PNG)")
+    a = ap.parse_args(argv)
+    policy = _policy(a.model)
+    res = {"machine": machine_info(), "model": policy.sha256, "starts_rad": list(STARTS),
+           "delay": [run_setting(policy, delay_ms=d) for d in DELAYS_MS],
+           "misses": [run_setting(policy, miss_rate=m) for m in MISS_RATES],
+           "stalls": [run_setting(policy, stall_ms=st) for st in STALLS_MS]}
+    con = console()
+    for line in machine_lines(res["machine"]):
+        con.print(line)
+    cols = ["setting", "starts upright", "time to upright", "RMS error after settling", "falls", "effort (N m)"]
+
+    def row(r, label):
+        return [label, f"{r['upright_runs']}/{r['runs']}",
+                "-" if r["time_to_upright_s"] is None else f"{r['time_to_upright_s']:.2f} s",
+                "-" if r["rms_error_deg"] is None else f"{r['rms_error_deg']:.2f} deg", str(r["falls"]),
+                f"{r['effort']:.2f}"]
+    print_table("added transport delay", cols, [row(r, f"{r['delay_ms']:g} ms") for r in res["delay"]], con)
+    print_table("missed policy ticks (action held)", cols,
+                [row(r, f"{r['miss_rate']:.0%}") for r in res["misses"]], con)
+    print_table("a stall every 500 ms (no new action for its length)", cols,
+                [row(r, f"{r['stall_ms']:g} ms") for r in res["stalls"]], con)
+    if a.plot:
+        plot(res, a.plot)
+        con.print(f"plot: {a.plot}")
+    if a.json:
+        write_json(a.json, res)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

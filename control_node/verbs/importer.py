@@ -1,0 +1,73 @@
+"""control-node import: turn an exported policy (.onnx, TorchScript .pt) into a verified model file.
+
+The verb is named ``import`` (a Python keyword), so its module is ``importer``; cli.py maps the two.
+"""
+
+DESCRIPTION = """\
+Read an exported policy, recognise the MLP it holds and write a model file the node runs.
+
+Recognised (docs/policies.md has the full list and every refusal):
+  ONNX (opset 11+; rsl_rl / IsaacLab, SB3 OnnxableSB3Policy, tf2onnx / Brax): Sub/Div or Sub/Mul input
+  normaliser; Gemm (transB 0 or 1, alpha, beta) or MatMul + Add; one activation per layer: Relu, Elu,
+  Selu, LeakyRelu, Celu, Tanh, Sigmoid, Softplus, Sigmoid(x)*x = silu; heads: identity, Tanh (squash),
+  Split/Slice of the mean half (Brax), Clip (action bounds); extra outputs (value, log_prob) are dropped.
+  metadata_props: joint_names -> action names; default_joint_pos / action_scale -> offset / scale only
+  with action_type=relative.
+  TorchScript: nn.Sequential / rsl_rl MLP of Linear and activation modules, with rsl_rl's
+  EmpiricalNormalization (IsaacLab policy.pt, rsl-rl-lib policy.pt, legged_gym policy_1.pt).
+Anything else (other operators, recurrent LSTM/GRU policies, NaN weights, ...) is refused whole with a
+message naming the node or field; nothing is written.
+
+Before writing, the import is proved: the model's actions are compared with onnxruntime (1 thread) or
+torch (1 thread) on --check-obs rows and 2000 random observations (float32: rtol 2e-4 x max(1, |a|)
+per sample; float64: 1e-9), and the compiled kernel is checked against the numpy reference on them."""
+
+
+def register(sub):
+    p = sub.add_parser("import", help="turn an exported policy (.onnx, TorchScript .pt) into a verified model file",
+                       description=DESCRIPTION, formatter_class=_raw_formatter())
+    p.add_argument("file", help="the exported policy: .onnx (external .data next to it), or .pt / .pth / .jit")
+    p.add_argument("--out", help="model file to write (default: FILE with its suffix replaced by .npz)")
+    p.add_argument("--obs-norm", metavar="FILE",
+                   help="observation normalisation kept outside the graph: SB3 VecNormalize .pkl (read without SB3, "
+                        "no pickled code runs) or .npz with mean, var [, epsilon=1e-8, clip_obs=10]")
+    p.add_argument("--dtype", choices=["float32", "float64"],
+                   help="compute dtype of the kernel (default: the graph's, float32 for torch exports)")
+    p.add_argument("--check-obs", metavar="FILE.npy",
+                   help="raw observations (n, n_features) the proof must include (e.g. logged from the robot)")
+    p.add_argument("--n-random", type=int, default=2000, metavar="N",
+                   help="random observations in the proof besides --check-obs (default: %(default)s)")
+    return p
+
+
+def _raw_formatter():
+    import argparse
+    return argparse.RawDescriptionHelpFormatter
+
+
+def run(args):
+    import os
+
+    import numpy as np
+
+    from control_node.errors import UserError
+    from control_node.kernels import Policy, save_model
+    from control_node.kernels.importers import describe, import_policy
+    check_X = None
+    if args.check_obs:
+        try:
+            check_X = np.load(args.check_obs, allow_pickle=False)
+        except (OSError, ValueError) as e:
+            raise UserError(f"--check-obs {args.check_obs}: not a readable .npy array ({e}); save one with "
+                            "np.save(path, X) for X shaped (n, n_features)") from None
+    if args.n_random < 0:
+        raise UserError(f"--n-random {args.n_random}: must be >= 0")
+    spec, proof = import_policy(args.file, obs_norm=args.obs_norm, dtype=args.dtype, check_X=check_X,
+                                n_random=args.n_random, kernel=Policy)
+    out = args.out or os.path.splitext(args.file)[0] + ".npz"
+    if os.path.abspath(out) == os.path.abspath(args.file):
+        raise UserError(f"--out {out} would overwrite the policy file; pass another path")
+    print(describe(spec, proof))
+    save_model(spec, out)
+    print(f"wrote {out} (sha256 {spec.sha256[:16]}, {len(spec.check_X)} check observations)")
+    return 0

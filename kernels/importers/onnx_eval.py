@@ -1,0 +1,250 @@
+"""A tiny numpy evaluator for exactly the ONNX operators the importer accepts.
+
+Written from the ONNX operator specification, independently of kernels/reference.py. It is used to
+(1) run the graph once on a batch-1 observation, which gives every tensor's shape and the value of
+every constant sub-graph (weights behind Identity/Transpose, shapes computed by Shape/Concat, ...), and
+(2) prove an import when onnxruntime is not installed. It computes in the tensors' own dtypes
+(float32 graphs stay float32), batch 1.
+
+Nodes are :class:`Node` tuples (see ``onnx.py: parse_nodes``): attributes already converted to plain
+Python / numpy values, ``to`` of Cast already a numpy dtype.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+
+class Node(NamedTuple):
+    name: str
+    op: str
+    inputs: list        # '' where an optional input is omitted
+    outputs: list
+    attrs: dict
+
+
+class EvalError(ValueError):
+    """A node could not be evaluated (bad shapes, bad attribute). ``node`` is the :class:`Node`."""
+
+    def __init__(self, node, problem):
+        self.node, self.problem = node, problem
+        super().__init__(f"node '{node.name}' ({node.op}): {problem}")
+
+
+def _sigmoid(x):
+    e = np.exp(-np.abs(x))
+    return np.where(x >= 0, 1 / (1 + e), e / (1 + e)).astype(x.dtype)
+
+
+def _f(x, v):
+    """Scalar ``v`` in x's dtype (ONNX float attributes are float32; the op runs in the tensor's type)."""
+    return np.asarray(v, dtype=np.float32).astype(x.dtype)[()]
+
+
+def _axes(node, ins, opset, rank, attr="axes", pos=1):
+    """Axes given as an attribute (old opsets) or an input (opset 13+), normalised to >= 0."""
+    if len(ins) > pos and ins[pos] is not None:
+        axes = [int(a) for a in np.asarray(ins[pos]).reshape(-1)]
+    elif attr in node.attrs:
+        axes = [int(a) for a in node.attrs[attr]]
+    else:
+        return None
+    return sorted(a + rank if a < 0 else a for a in axes)
+
+
+def _gemm(node, A, B, C):
+    a = node.attrs
+    if A.ndim != 2 or B.ndim != 2:
+        raise EvalError(node, f"Gemm needs 2-D operands, got {list(A.shape)} and {list(B.shape)}")
+    A = A.T if a.get("transA", 0) else A
+    B = B.T if a.get("transB", 0) else B
+    if A.shape[1] != B.shape[0]:
+        raise EvalError(node, f"dimension mismatch: the input has {A.shape[1]} values per row but the weight "
+                        f"takes {B.shape[0]}")
+    Y = _f(A, a.get("alpha", 1.0)) * (A @ B)
+    if C is not None:
+        Y = Y + _f(A, a.get("beta", 1.0)) * C
+    return Y.astype(A.dtype)
+
+
+def _reshape(node, x, shape):
+    shape = [int(s) for s in shape]
+    if not node.attrs.get("allowzero", 0):
+        shape = [x.shape[i] if s == 0 else s for i, s in enumerate(shape)]
+    return x.reshape(shape)
+
+
+def _split(node, ins, opset):
+    x = ins[0]
+    axis = node.attrs.get("axis", 0)
+    axis = axis + x.ndim if axis < 0 else axis
+    n_out = len(node.outputs)
+    if len(ins) > 1 and ins[1] is not None:
+        sizes = [int(s) for s in ins[1]]
+    elif "split" in node.attrs:
+        sizes = [int(s) for s in node.attrs["split"]]
+    else:
+        n = x.shape[axis]
+        k = node.attrs.get("num_outputs", n_out)
+        step = -(-n // k)
+        sizes = [min(step, n - i * step) for i in range(k)]
+    if sum(sizes) != x.shape[axis] or len(sizes) != n_out:
+        raise EvalError(node, f"split sizes {sizes} do not match axis {axis} of shape {list(x.shape)}")
+    return np.split(x, np.cumsum(sizes)[:-1], axis=axis)
+
+
+def _slice(node, ins):
+    x = ins[0]
+    starts, ends = [int(v) for v in ins[1]], [int(v) for v in ins[2]]
+    axes = [int(v) for v in ins[3]] if len(ins) > 3 and ins[3] is not None else list(range(len(starts)))
+    steps = [int(v) for v in ins[4]] if len(ins) > 4 and ins[4] is not None else [1] * len(starts)
+    sl = [slice(None)] * x.ndim
+    for s, e, ax, st in zip(starts, ends, axes, steps):
+        sl[ax + x.ndim if ax < 0 else ax] = slice(s, e, st)
+    return x[tuple(sl)]
+
+
+def _constant(node):
+    a = node.attrs
+    for key in ("value", "value_float", "value_floats", "value_int", "value_ints"):
+        if key in a:
+            v = a[key]
+            if key.startswith("value_float"):
+                return np.asarray(v, dtype=np.float32)
+            if key.startswith("value_int"):
+                return np.asarray(v, dtype=np.int64)
+            return np.asarray(v)
+    raise EvalError(node, f"Constant without a supported value attribute (has {sorted(a)})")
+
+
+def _div(a, b):
+    if np.issubdtype(a.dtype, np.integer):
+        return np.trunc(a / b).astype(a.dtype)
+    return (a / b).astype(a.dtype)
+
+
+UNARY = {
+    "Relu": lambda n, x: np.maximum(x, _f(x, 0)),
+    "Elu": lambda n, x: np.where(x > 0, x, _f(x, n.attrs.get("alpha", 1.0)) * (np.exp(np.minimum(x, 0)) - 1)),
+    "Selu": lambda n, x: _f(x, n.attrs.get("gamma", 1.05070102214813232421875)) * np.where(
+        x > 0, x, _f(x, n.attrs.get("alpha", 1.67326319217681884765625)) * (np.exp(np.minimum(x, 0)) - 1)),
+    "LeakyRelu": lambda n, x: np.where(x >= 0, x, _f(x, n.attrs.get("alpha", 0.01)) * x),
+    "Celu": lambda n, x: (np.maximum(x, _f(x, 0)) + np.minimum(
+        _f(x, 0), _f(x, n.attrs.get("alpha", 1.0)) * (np.exp(x / _f(x, n.attrs.get("alpha", 1.0))) - 1))),
+    "Tanh": lambda n, x: np.tanh(x),
+    "Sigmoid": lambda n, x: _sigmoid(x),
+    "Softplus": lambda n, x: np.logaddexp(_f(x, 0), x),
+    "Exp": lambda n, x: np.exp(x),
+    "Neg": lambda n, x: -x,
+    "Sqrt": lambda n, x: np.sqrt(x),
+    "Reciprocal": lambda n, x: (1 / x).astype(x.dtype),
+    "Identity": lambda n, x: x,
+}
+BINARY = {"Add": np.add, "Sub": np.subtract, "Mul": np.multiply, "Div": _div, "Equal": np.equal}
+
+
+def eval_node(node: Node, ins: list, opset: int) -> list:
+    """Outputs of ``node`` for input arrays ``ins`` (None where an optional input is omitted)."""
+    op = node.op
+    try:
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            return _eval(node, ins, opset, op)
+    except EvalError:
+        raise
+    except (ValueError, IndexError, TypeError) as e:
+        shapes = [None if i is None else list(np.shape(i)) for i in ins]
+        raise EvalError(node, f"cannot be evaluated on inputs shaped {shapes} ({e}): dimension mismatch") from None
+
+
+def _eval(node, ins, opset, op):
+    a = node.attrs
+    if op in UNARY:
+        x = ins[0]
+        return [np.asarray(UNARY[op](node, x)).astype(x.dtype, copy=False)]
+    if op in BINARY:
+        return [np.asarray(BINARY[op](ins[0], ins[1]))]
+    if op == "Gemm":
+        return [_gemm(node, ins[0], ins[1], ins[2] if len(ins) > 2 else None)]
+    if op == "MatMul":
+        x, w = ins
+        if x.shape[-1] != (w.shape[0] if w.ndim == 1 else w.shape[-2]):
+            raise EvalError(node, f"dimension mismatch: the input has {x.shape[-1]} values but the weight "
+                            f"{list(w.shape)} takes {w.shape[0] if w.ndim == 1 else w.shape[-2]}")
+        return [np.matmul(x, w)]
+    if op == "Clip":
+        x = ins[0]
+        lo = ins[1] if len(ins) > 1 and ins[1] is not None else a.get("min")
+        hi = ins[2] if len(ins) > 2 and ins[2] is not None else a.get("max")
+        out = x
+        if lo is not None:
+            out = np.maximum(out, np.asarray(lo, dtype=x.dtype))
+        if hi is not None:
+            out = np.minimum(out, np.asarray(hi, dtype=x.dtype))
+        return [out]
+    if op == "Flatten":
+        x = ins[0]
+        axis = a.get("axis", 1)
+        axis = axis + x.ndim if axis < 0 else axis
+        return [x.reshape(int(np.prod(x.shape[:axis], dtype=np.int64)), -1)]
+    if op == "Reshape":
+        return [_reshape(node, ins[0], ins[1])]
+    if op == "Squeeze":
+        x = ins[0]
+        axes = _axes(node, ins, opset, x.ndim)
+        return [np.squeeze(x) if axes is None else np.squeeze(x, axis=tuple(axes))]
+    if op == "Unsqueeze":
+        x = ins[0]
+        n_new = len(ins[1].reshape(-1)) if len(ins) > 1 and ins[1] is not None else len(a.get("axes", []))
+        axes = _axes(node, ins, opset, x.ndim + n_new)
+        out = x
+        for ax in axes:
+            out = np.expand_dims(out, ax)
+        return [out]
+    if op == "Cast":
+        return [ins[0].astype(a["to"])]
+    if op == "Expand":
+        x = ins[0]
+        shape = np.broadcast_shapes(x.shape, tuple(int(s) for s in ins[1]))
+        return [np.array(np.broadcast_to(x, shape))]
+    if op == "Split":
+        return _split(node, ins, opset)
+    if op == "Slice":
+        return [_slice(node, ins)]
+    if op == "Constant":
+        return [_constant(node)]
+    if op == "Shape":
+        shape = np.asarray(ins[0].shape, dtype=np.int64)
+        return [shape[a.get("start", 0):a.get("end", len(shape))]]
+    if op == "ConstantOfShape":
+        value = a.get("value", np.zeros(1, dtype=np.float32))
+        return [np.full([int(s) for s in ins[0]], np.asarray(value).reshape(-1)[0], dtype=np.asarray(value).dtype)]
+    if op == "Gather":
+        return [np.take(ins[0], ins[1].astype(np.int64), axis=a.get("axis", 0))]
+    if op == "Concat":
+        return [np.concatenate([i for i in ins if i is not None], axis=a["axis"])]
+    if op == "Where":
+        return [np.where(ins[0], ins[1], ins[2])]
+    if op == "Transpose":
+        perm = a.get("perm")
+        return [np.transpose(ins[0], perm)]
+    raise EvalError(node, f"operator {op} is not supported")
+
+
+OPS = frozenset(UNARY) | frozenset(BINARY) | {"Gemm", "MatMul", "Clip", "Flatten", "Reshape", "Squeeze", "Unsqueeze",
+                                              "Cast", "Expand", "Split", "Slice", "Constant", "Shape",
+                                              "ConstantOfShape", "Gather", "Concat", "Where", "Transpose"}
+
+
+def run(nodes, values: dict, opset: int) -> dict:
+    """Evaluate ``nodes`` (topologically sorted) given ``values`` (name -> array: inputs, initializers).
+
+    Returns a new dict with every node output added."""
+    env = dict(values)
+    for node in nodes:
+        ins = [env[i] if i else None for i in node.inputs]
+        outs = eval_node(node, ins, opset)
+        for name, v in zip(node.outputs, outs):
+            if name:
+                env[name] = np.asarray(v)
+    return env
