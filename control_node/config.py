@@ -1,6 +1,7 @@
 """Node configuration: TOML in, validated dict out; every error names the field and the fix."""
 from __future__ import annotations
 
+import math
 import os
 import tomllib
 
@@ -28,7 +29,9 @@ SCHEMA = {
     },
     "watchdog": {
         "stale_after_ms": (5.0, _NUM, "milliseconds > 0"),
-        "safe_action": (0, (int, str), 'a class index or "hold"'),
+        # "auto": class 0 for an argmax policy, "offset" for a continuous one (resolve_safe_action)
+        "safe_action": ("auto", (int, str, list), 'a class index, a list of floats (one per action), "offset", '
+                        '"hold" or "auto"'),
     },
     "limits": {
         "max_frame_bytes": (4096, int, "bytes, 64 to 1048576"),
@@ -139,8 +142,17 @@ def validate(cfg: dict, path="(config)") -> None:
     if not wd["stale_after_ms"] > 0:
         bad("watchdog.stale_after_ms", "use a positive number of milliseconds, e.g. 5.0")
     sa = wd["safe_action"]
-    if isinstance(sa, str) and sa != "hold" or isinstance(sa, int) and sa < 0:
-        bad("watchdog.safe_action", 'use a class index (0, 1, ...) or "hold"')
+    if isinstance(sa, str) and sa not in SAFE_ACTION_WORDS or isinstance(sa, int) and sa < 0:
+        bad("watchdog.safe_action", SAFE_ACTION_FIX)
+    if isinstance(sa, list):
+        if not sa:
+            bad("watchdog.safe_action", SAFE_ACTION_FIX, "is an empty list")
+        for i, v in enumerate(sa):
+            if isinstance(v, bool) or not isinstance(v, _NUM):
+                bad("watchdog.safe_action", SAFE_ACTION_FIX,
+                    f"element {i} is {type(v).__name__} ({v!r}), not a number")
+            if not math.isfinite(v):
+                bad("watchdog.safe_action", SAFE_ACTION_FIX, f"element {i} is {v!r}, not finite")
     if not 64 <= lim["max_frame_bytes"] <= 1 << 20:
         bad("limits.max_frame_bytes", "use 64 to 1048576 bytes")
     if lim["send_hwm"] < 1:
@@ -186,6 +198,60 @@ def validate(cfg: dict, path="(config)") -> None:
     if len(set(eps.values())) != len(eps):
         bad("endpoints.sensor", "give sensor, action and diagnostics three different endpoints",
             "two endpoints are the same")
+
+
+SAFE_ACTION_WORDS = ("auto", "hold", "offset")
+SAFE_ACTION_FIX = ('use a class index (0, 1, ...) for an argmax policy, a list of finite floats (one per action) '
+                   'or "offset" for a continuous one, "hold" (the last good action), or "auto" (the default: '
+                   'class 0 / "offset")')
+
+
+def resolve_safe_action(value, policy, path="(config)") -> dict:
+    """The safe action ``[watchdog] safe_action = value`` means for ``policy`` (a loaded kernels.Policy),
+    or a :class:`ConfigError` naming ``watchdog.safe_action`` and the fix.
+
+    Returns ``{"config": value, "mode": ..., "hold": bool, "class": int | None, "u": [float] | None}``:
+    argmax policies: mode ``"class"`` (an index; ``"auto"`` = 0) or ``"hold"`` (the last class; before any,
+    class 0); continuous policies: mode ``"vector"`` (the list), ``"offset"`` (the head's action_offset,
+    also what ``"auto"`` means) or ``"hold"`` (the last good action; before any, the offset). ``u`` is the
+    vector published as the safe action (for hold: before the first good action)."""
+    field = "watchdog.safe_action"
+    if policy.continuous:
+        n = policy.n_actions
+        names = ", ".join(policy.action_names)
+        offset = [float(v) for v in policy.spec.action_offset]
+        fix = (f"use a list of {n} floats, e.g. {[0.0] * n}, \"offset\" (the head's offset, {offset}), \"hold\" "
+               f"(the last good action) or \"auto\" (= \"offset\")")
+        what = f"the model's policy is continuous ({n} action{'s' if n != 1 else ''}: {names})"
+        if isinstance(value, bool) or isinstance(value, int):
+            raise ConfigError(path, field, f"is the class index {value!r}, but {what}", fix)
+        if isinstance(value, list):
+            if len(value) != n:
+                raise ConfigError(path, field, f"has {len(value)} value{'s' if len(value) != 1 else ''}, but {what}",
+                                  fix)
+            return {"config": value, "mode": "vector", "hold": False, "class": None, "u": [float(v) for v in value]}
+        if value in ("offset", "auto"):
+            return {"config": value, "mode": "offset", "hold": False, "class": None, "u": offset}
+        if value == "hold":
+            return {"config": value, "mode": "hold", "hold": True, "class": None, "u": offset}
+        raise ConfigError(path, field, f"invalid value {value!r}", fix)
+    k = policy.n_classes
+    fix = f'use a class index 0..{k - 1} (classes {policy.classes}), "hold" or "auto" (= 0)'
+    what = f"the model's policy is argmax ({k} classes {policy.classes}): its action is a class index"
+    if isinstance(value, list):
+        raise ConfigError(path, field, f"is a list of {len(value)} floats, but {what}", fix)
+    if value == "offset":
+        raise ConfigError(path, field, f"is \"offset\" (a continuous head's offset), but {what}", fix)
+    if value == "hold":
+        return {"config": value, "mode": "hold", "hold": True, "class": 0, "u": None}
+    if value == "auto":
+        return {"config": value, "mode": "class", "hold": False, "class": 0, "u": None}
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < k:
+        return {"config": value, "mode": "class", "hold": False, "class": int(value), "u": None}
+    if isinstance(value, int) and not isinstance(value, bool):
+        raise ConfigError(path, field, f"class {value} does not exist; the model has {k} classes {policy.classes}",
+                          fix)
+    raise ConfigError(path, field, f"invalid value {value!r}", fix)
 
 
 def client_endpoints(path=None) -> dict:

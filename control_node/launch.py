@@ -159,6 +159,15 @@ def remove_stale_sockets(endpoints):
                 pass
 
 
+def _continuous(model) -> bool:
+    """True when the model file holds a continuous policy (read without building the kernel)."""
+    from control_node.kernels import ModelFileError, load_model
+    try:
+        return load_model(model).head == "continuous"
+    except (OSError, ModelFileError):
+        return False        # the node refuses a bad model itself, naming the field
+
+
 def launch(config=None, duration=None, record=None, run_dir=None, ensure_model=None):
     """Run node + driver (+ recorder) from a launch config (default: the packaged demo.toml).
 
@@ -204,8 +213,12 @@ def launch(config=None, duration=None, record=None, run_dir=None, ensure_model=N
                       *map(str, rep_cfg.get("args", []))]
         d_restart = bool(rep_cfg.get("restart", False))
     else:
-        d_cmd = py + ["sim", *map(str, sim_cfg.get("args", [])), "--config", config,
+        sim_args = [str(a) for a in sim_cfg.get("args", [])]
+        d_cmd = py + ["sim", *sim_args, "--config", config,
                       "--run-dir", os.path.join(run_dir, driver), "--duration", f"{duration:g}"]
+        if "command" not in node_cfg and not {"--model", "--features"} & set(sim_args) and _continuous(model):
+            # a continuous policy: the sim streams its observation width and checks its actions
+            d_cmd += ["--model", os.path.abspath(model)]
         d_restart = bool(sim_cfg.get("restart", False))
     if use_record:
         d_cmd.append("--tap")

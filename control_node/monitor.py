@@ -136,6 +136,33 @@ def to_yaml(value, indent: int = 0) -> str:
     return pad + _scalar(value)
 
 
+def action_yaml(msg: dict, names=None, digits: int = 6) -> str:
+    """:func:`to_yaml` of an action message, with a v2 message's ``u`` one component per line, labelled
+    with the action names when known (else the index) and ``digits`` significant digits (``--json``
+    prints the exact values)."""
+    u = msg.get("u") if isinstance(msg, dict) else None
+    if not isinstance(u, list):
+        return to_yaml(msg)
+    labels = list(names) if names is not None and len(names) == len(u) else [str(i) for i in range(len(u))]
+    lines = []
+    for k, v in msg.items():
+        if k == "u":
+            lines.append(f"u:  # {len(u)} action{'s' if len(u) != 1 else ''}")
+            width = max(len(x) for x in labels) if labels else 0
+            for name, x in zip(labels, u):
+                lines.append(f"  {name + ':':<{width + 1}} " + (f"{x:.{digits}g}" if isinstance(x, float) else _scalar(x)))
+        else:
+            lines.append(to_yaml({k: v}))
+    return "\n".join(lines)
+
+
+def action_names_from(msg) -> list | None:
+    """The action names a diagnostics message announces (``policy.action_names``), or None."""
+    pol = msg.get("policy") if isinstance(msg, dict) else None
+    names = pol.get("action_names") if isinstance(pol, dict) else None
+    return [str(n) for n in names] if isinstance(names, list) else None
+
+
 def _scalar(v) -> str:
     if v is None:
         return "null"
@@ -218,6 +245,13 @@ def top_renderable(diag: dict, endpoint: str, prev: dict | None = None, age_s: f
         f"{diag.get('safe_actions', '-')}{delta('safe_actions')}", str(diag.get("superseded", "-")),
         str(diag.get("frames_valid", "-")), str(rej_total))
     parts = [head, counters]
+    pol = diag.get("policy")
+    if isinstance(pol, dict) and pol.get("kind"):
+        sa = pol.get("safe_action") or {}
+        parts.append(Text(f"policy {pol['kind']}, {pol.get('n_features')} features -> {pol.get('n_actions')} "
+                          + ("actions (" + ", ".join(map(str, pol.get("action_names") or [])) + ")"
+                             if pol["kind"] == "continuous" else f"class ({len(pol.get('classes') or [])} classes)")
+                          + (f", safe action {sa.get('mode')}" if sa else "")))
     if any(rej.values()):
         parts.append(Text("rejected: " + ", ".join(f"{k} {v}" for k, v in sorted(rej.items()) if v)))
     win = diag.get("window") or {}

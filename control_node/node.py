@@ -52,9 +52,10 @@ def host_info() -> dict:
 class Diagnostics(threading.Thread):
     """Publishes snapshots, prints `ready`, logs degradation, turns signals into a stop request."""
 
-    def __init__(self, loop, sock, rt_report_ref, endpoints, hz, loop_cpu, signal_fd):
+    def __init__(self, loop, sock, rt_report_ref, endpoints, hz, loop_cpu, signal_fd, policy_info=None):
         super().__init__(name="diagnostics", daemon=True)
         self.signal_fd = signal_fd
+        self.policy_info = policy_info or {}
         self.loop, self.sock, self.rt_ref, self.endpoints = loop, sock, rt_report_ref, endpoints
         self.interval = 1.0 / hz
         self.loop_cpu = loop_cpu
@@ -108,9 +109,9 @@ class Diagnostics(threading.Thread):
         cycles = loop.cycles
         now = time.monotonic()
         if cycles > 0 and not self.ready_printed.is_set():
-            eps = self.endpoints
-            print(f"ready sensor={eps['sensor']} action={eps['action']} diagnostics={eps['diagnostics']}",
-                  flush=True)
+            eps, pol = self.endpoints, self.policy_info
+            print(f"ready sensor={eps['sensor']} action={eps['action']} diagnostics={eps['diagnostics']}"
+                  + (f" policy={pol['kind']} n_actions={pol['n_actions']}" if pol else ""), flush=True)
             self.ready_printed.set()
         # the newest record may be mid-write: stop one short of it
         window = self._window(last["cycles"], cycles - 1) if cycles > last["cycles"] + 1 else {}
@@ -120,7 +121,7 @@ class Diagnostics(threading.Thread):
             "deadline_misses": loop.deadline_misses, "stale_cycles": loop.stale_cycles,
             "safe_actions": loop.safe_actions, "superseded": loop.superseded,
             "frames_valid": loop.frames_valid, "rejected": loop.rejected_counts(),
-            "window": window, "rt": self.rt_ref.get("rt", {}),
+            "window": window, "rt": self.rt_ref.get("rt", {}), "policy": self.policy_info,
             # whole run so far, from the loop's streaming histograms (bucket lower bounds)
             "run": {"wake_latency_ns": rundir.describe_hist(loop.histograms[0]),
                     "cycle_time_ns": rundir.describe_hist(loop.histograms[1])},
@@ -135,6 +136,28 @@ class Diagnostics(threading.Thread):
                   f"(total {misses}, {cycles} cycles)", file=sys.stderr, flush=True)
             last["log"], last["misses"] = now, misses
         last["cycles"], last["t"] = cycles, now
+
+
+def policy_info(policy, safe: dict) -> dict:
+    """What clients learn of the policy (diagnostics ``policy``, summary.json ``policy``): its kind, widths,
+    action names and the resolved safe action (``config.resolve_safe_action``)."""
+    kind = "continuous" if policy.continuous else "argmax"
+    return {"kind": kind, "protocol": 2 if policy.continuous else 1, "n_features": int(policy.n_features),
+            "n_actions": int(policy.n_actions), "action_names": list(policy.action_names),
+            "classes": list(policy.classes) if not policy.continuous else [],
+            "safe_action": {"config": safe["config"], "mode": safe["mode"], "hold": bool(safe["hold"]),
+                            "class": safe["class"], "u": safe["u"]}}
+
+
+def describe_policy(info: dict) -> str:
+    """``continuous, 4 actions (j0, ...), safe action "offset" [..]`` for the start-up line."""
+    sa = info["safe_action"]
+    if info["kind"] == "continuous":
+        what = {"vector": "the configured vector", "offset": "the head's offset", "hold": "hold (else the offset)"}
+        return (f"continuous, {info['n_actions']} actions ({', '.join(info['action_names'])}), safe action "
+                f"{what[sa['mode']]} {[round(v, 6) for v in sa['u']]}")
+    return (f"argmax, {len(info['classes'])} classes, safe action "
+            + ("hold (else class 0)" if sa["hold"] else f"class {sa['class']}"))
 
 
 class Node:
@@ -156,10 +179,9 @@ class Node:
             raise UserError(f"model file {self.model_path} does not exist. Fix: run `control-node train` "
                             f"(writes models/iris.npz) or pass --model PATH")
         policy = Policy.load(self.model_path)       # validates and proves kernel == reference
-        sa = wd["safe_action"]
-        if isinstance(sa, int) and sa >= policy.n_classes:
-            raise UserError(f"config field 'watchdog.safe_action': class {sa} does not exist; the model has "
-                            f"{policy.n_classes} classes {policy.classes}. Fix: use 0..{policy.n_classes - 1} or \"hold\"")
+        from control_node.config import resolve_safe_action
+        safe = resolve_safe_action(wd["safe_action"], policy, cfg.get("source", "(config)"))
+        info = policy_info(policy, safe)
         rate = float(lp["rate_hz"])
         period_ns = int(round(1e9 / rate))
         duration = float(lp["duration_s"])
@@ -182,21 +204,21 @@ class Node:
                           stale_after_ns=int(wd["stale_after_ms"] * 1e6), spin_ns=int(lp["spin_us"] * 1000),
                           max_cycles=int(round(duration * rate)) if lp["clock"] == "timer" else 0,
                           sensor_clock=lp["clock"] == "sensor", catch_up_skip=lp["catch_up"] == "skip",
-                          safe_action=sa if isinstance(sa, int) else 0, hold_last=sa == "hold",
-                          max_frame_bytes=lim["max_frame_bytes"], ring_cycles=ring)
+                          safe_action=safe["class"] or 0, hold_last=safe["hold"],
+                          max_frame_bytes=lim["max_frame_bytes"], ring_cycles=ring, safe_u=safe["u"])
             from control_node.loop.realtime import choose_cpu
             loop_cpu = choose_cpu(cfg["realtime"]["cpu"])
             rt_ref = {}
             diag = Diagnostics(loop, sockets.diagnostics, rt_ref, cfg["endpoints"], st["diagnostics_hz"], loop_cpu,
-                               sig_r)
+                               sig_r, info)
             diag.start()                              # before pinning: it keeps the full CPU mask
             started_at = time.strftime("%Y-%m-%dT%H:%M:%S%z")
             ru0 = resource.getrusage(resource.RUSAGE_THREAD)
             rt_session = setup_realtime(cfg["realtime"])
             rt_ref["rt"] = rt_session.report
             if not self.quiet:
-                print(f"[node] model {policy} isa={policy.isa}; {rate:g} Hz {lp['clock']} clock; "
-                      f"rt: {rt_summary_line(rt_session.report)}", file=sys.stderr, flush=True)
+                print(f"[node] model {policy} isa={policy.isa}; {describe_policy(info)}; {rate:g} Hz "
+                      f"{lp['clock']} clock; rt: {rt_summary_line(rt_session.report)}", file=sys.stderr, flush=True)
             t_start = time.monotonic_ns()
             run_until = t_start + int(duration * 1e9) + period_ns if (duration > 0 and lp["clock"] == "sensor") else 0
             loop.run(0, run_until)
@@ -216,9 +238,10 @@ class Node:
             os.close(sig_r)
             os.close(sig_w)
         return self._write_run_dir(policy, loop, rt_ref.get("rt", {}), started_at, period_ns, ru0, ru1,
-                                   diag.signal_received, rundir.HIST_NAMES)
+                                   diag.signal_received, rundir.HIST_NAMES, info)
 
-    def _write_run_dir(self, policy, loop, rt_report, started_at, period_ns, ru0, ru1, stop_signal, hist_names):
+    def _write_run_dir(self, policy, loop, rt_report, started_at, period_ns, ru0, ru1, stop_signal, hist_names,
+                       info):
         import psutil
         cfg = self.cfg
         run_id = time.strftime("%Y%m%d-%H%M%S") + f"-{os.getpid()}"
@@ -227,6 +250,7 @@ class Node:
         arrays = rundir.ordered_ring(loop.ring, loop.cycles, loop.capacity)
         complete = loop.cycles <= loop.capacity
         hist = {name: loop.histograms[i] for i, name in enumerate(hist_names)}
+        actions = rundir.ordered_action_ring(loop.action_ring, loop.cycles) if loop.continuous else None
 
         def figure(name, arr_name=None):
             if complete:
@@ -263,7 +287,11 @@ class Node:
             "rt": rt_report,
             "model": {"path": os.path.abspath(self.model_path), "sha256": policy.sha256,
                       "layer_sizes": [int(s) for s in policy.spec.layer_sizes], "dtype": policy.dtype,
-                      "isa": policy.isa, "classes": policy.classes},
+                      "isa": policy.isa, "classes": policy.classes, "head": policy.head,
+                      "action_names": policy.action_names},
+            # what the node published: the policy kind, its action width and the safe action it used
+            "policy": info,
+            "safe_action": info["safe_action"],
             "config": copy.deepcopy(cfg),
             "host": host_info(),
             "process": {
@@ -282,5 +310,13 @@ class Node:
                      "complete": bool(complete)},
             "percentile_source": "raw arrays (numpy linear)" if complete else "streaming histogram (<=0.8% low)",
         }
-        rundir.write_node_run(run_dir, summary, arrays, hist)
+        if actions is not None:
+            kept = int(len(actions["cycle"]))
+            summary["action_ring"] = {
+                "file": rundir.ACTIONS_FILE, "dtype": rundir.ACTION_RING_FIELDS["u"],
+                "n_actions": int(loop.n_actions), "capacity": int(loop.action_capacity), "recorded": kept,
+                "first_cycle": int(actions["cycle"][0]) if kept else None,
+                "complete": bool(loop.cycles <= loop.action_capacity),
+                "max_bytes": rundir.ACTION_RING_MAX_BYTES}
+        rundir.write_node_run(run_dir, summary, arrays, hist, actions)
         return run_dir

@@ -3,6 +3,9 @@
 A node run directory holds ``summary.json`` (``format`` = :data:`SUMMARY_FORMAT`), ``cycles.npz`` (one
 array per :data:`RING_FIELDS` entry, oldest cycle first) and ``histograms.npz`` (one row of
 :data:`HIST_BUCKETS` counts per :data:`HIST_NAMES` entry, the log-linear layout of ``loop/rt_hist.h``).
+A run of a continuous policy adds ``actions.npz`` (:data:`ACTIONS_FILE`): the published action vector of
+each of the last cycles (:data:`ACTION_RING_FIELDS`), a ring bounded by :data:`ACTION_RING_MAX_BYTES`
+(:func:`action_ring_capacity`), so it may hold fewer cycles than ``cycles.npz``.
 Per-cycle ``flags`` are the :data:`FLAGS` bits; rejected frames are counted under :data:`REASONS`, whose
 index is the C reason code of ``loop/frame_codec.h``.
 
@@ -43,6 +46,15 @@ RING_FIELDS = {
     "input_age_ns": "int64", "flags": "uint8", "action": "int16", "seq": "uint64",
 }
 
+# continuous policies: the per-cycle action ring (actions.npz). "u" is (cycles, n_actions) float32, the
+# action the cycle published (policy or safe); actions.npz also holds "cycle" (int64, the cycle number of
+# each row). float32 and at most ACTION_RING_MAX_BYTES: a wide policy keeps fewer cycles than the main ring.
+ACTION_RING_FIELDS = {"u": "float32"}
+ACTION_RING_MAX_BYTES = 64 << 20
+ACTIONS_FILE = "actions.npz"
+# cycles.npz "action" of a continuous policy's cycle: ACTION_POLICY (the policy's answer) or ACTION_SAFE
+ACTION_POLICY, ACTION_SAFE = 0, -1
+
 # streaming histograms (histograms.npz, whole run): one row per quantity, in this order
 HIST_NAMES = ("wake_latency_ns", "cycle_time_ns", "input_age_ns", "recv_ns", "infer_ns", "publish_ns",
               "period_ns")
@@ -56,7 +68,8 @@ def check_compiled(constants: dict) -> None:
     """Raise ImportError unless the compiled loop's constants equal the definitions above.
 
     ``constants``: {"flags": {name: bit}, "reasons": {name: code}, "hist": {name: row},
-    "hist_sub_bits": int, "hist_buckets": int, "ring": {name: itemsize}}."""
+    "hist_sub_bits": int, "hist_buckets": int, "ring": {name: itemsize}, "action_ring": {name: itemsize},
+    "action_codes": {"policy": int, "safe": int}}."""
     problems = []
     if constants["flags"] != FLAGS:
         problems.append(f"flag bits {constants['flags']} != {FLAGS}")
@@ -71,6 +84,12 @@ def check_compiled(constants: dict) -> None:
     ring = {name: np.dtype(dt).itemsize for name, dt in RING_FIELDS.items()}
     if constants["ring"] != ring:
         problems.append(f"ring fields {constants['ring']} != {ring}")
+    action_ring = {name: np.dtype(dt).itemsize for name, dt in ACTION_RING_FIELDS.items()}
+    if constants.get("action_ring") != action_ring:
+        problems.append(f"action ring fields {constants.get('action_ring')} != {action_ring}")
+    codes = {"policy": ACTION_POLICY, "safe": ACTION_SAFE}
+    if constants.get("action_codes") != codes:
+        problems.append(f"continuous action codes {constants.get('action_codes')} != {codes}")
     if problems:
         raise ImportError("the compiled loop disagrees with control_node/rundir.py: " + "; ".join(problems)
                           + ". Fix: make the C constants and rundir.py agree, then rebuild (pip install -e .)")
@@ -83,6 +102,31 @@ def new_ring(capacity: int) -> dict:
         a.fill(1)
         a.fill(0)
     return ring
+
+
+def action_ring_capacity(ring_cycles: int, n_actions: int) -> int:
+    """Cycles the action ring of a continuous policy keeps: the main ring's, unless ``n_actions`` float32
+    per cycle would take more than :data:`ACTION_RING_MAX_BYTES`; then as many as fit."""
+    itemsize = np.dtype(ACTION_RING_FIELDS["u"]).itemsize
+    return int(max(1, min(int(ring_cycles), ACTION_RING_MAX_BYTES // (itemsize * max(1, int(n_actions))))))
+
+
+def new_action_ring(capacity: int, n_actions: int) -> np.ndarray:
+    """The zeroed (capacity, n_actions) action ring, every page touched now."""
+    u = np.zeros((capacity, n_actions), ACTION_RING_FIELDS["u"])
+    u.fill(1)
+    u.fill(0)
+    return u
+
+
+def ordered_action_ring(u: np.ndarray, cycles: int) -> dict:
+    """actions.npz arrays: ``cycle`` (int64) and ``u`` rows, oldest first, of the ring ``u`` after
+    ``cycles`` cycles (row ``c % capacity`` holds cycle c)."""
+    capacity = u.shape[0]
+    kept = min(cycles, capacity)
+    first = cycles - kept
+    idx = np.arange(first, cycles, dtype=np.int64)
+    return {"cycle": idx, "u": u[idx % capacity].copy()}
 
 
 def flag_names(flags: int) -> str:
@@ -157,11 +201,14 @@ def ordered_ring(ring: dict, cycles: int, capacity: int) -> dict:
     return out
 
 
-def write_node_run(run_dir: str, summary: dict, cycles: dict, histograms: dict) -> None:
-    """Write cycles.npz, histograms.npz and (atomically, last) summary.json."""
+def write_node_run(run_dir: str, summary: dict, cycles: dict, histograms: dict, actions: dict | None = None) -> None:
+    """Write cycles.npz, histograms.npz, actions.npz (continuous policies: ``actions`` from
+    :func:`ordered_action_ring`) and (atomically, last) summary.json."""
     os.makedirs(run_dir, exist_ok=True)
     np.savez(os.path.join(run_dir, "cycles.npz"), **cycles)
     np.savez(os.path.join(run_dir, "histograms.npz"), **histograms)
+    if actions is not None:
+        np.savez(os.path.join(run_dir, ACTIONS_FILE), **actions)
     tmp = os.path.join(run_dir, "summary.json.tmp")
     with open(tmp, "w") as f:
         json.dump(summary, f, indent=2, default=str)
@@ -175,3 +222,12 @@ def read_node_run(run_dir) -> tuple[dict, dict]:
     with np.load(os.path.join(run_dir, "cycles.npz")) as z:
         arrays = {k: z[k] for k in z.files}
     return summary, arrays
+
+
+def read_node_actions(run_dir) -> dict | None:
+    """actions.npz of a continuous policy's run (``cycle``, ``u``), or None when the run has none."""
+    path = os.path.join(run_dir, ACTIONS_FILE)
+    if not os.path.exists(path):
+        return None
+    with np.load(path, allow_pickle=False) as z:
+        return {k: z[k] for k in z.files}

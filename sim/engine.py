@@ -4,6 +4,11 @@ Open loop: frame k goes out at ``t0 + offsets[k]`` (absolute schedule: wait on t
 then sleep, then a short spin). Lockstep: send frame i, wait for the action answering it, send the next.
 Every action received is matched to its frame by ``seq`` (the first action carrying a frame's seq is
 its answer). All per-frame arrays are preallocated; the loop only indexes them.
+
+Both action messages of docs/protocol.md are understood: v1 (``action``, a class index: argmax policies)
+and v2 (``u``, an action vector: continuous policies). The handshake's answer tells which one the node
+speaks; a v2 run records the vectors (``u``, NaN where unanswered) and, when the stream carries expected
+actions (``Stream.expected_u``), compares each answer with its frame's expected action.
 """
 from __future__ import annotations
 
@@ -78,6 +83,7 @@ class ClosedLoop:
         self.actions_received = 0
         self.safe_actions = 0
         self.next_seq = 0  # seqs must increase across handshakes and passes (--loop)
+        self.first_action = None  # the handshake's answer: "u" in it means protocol v2 (continuous)
 
     def close(self):
         for s in (self.pub, self.sub, self.tap):
@@ -116,6 +122,7 @@ class ClosedLoop:
                     except zmq.Again:
                         break
                     if w0 <= d.get("seq", -1) < w:
+                        self.first_action = d
                         return w
         raise UserError(f"no answer from a node within {self.handshake_timeout:g} s "
                         f"(sensor {self.endpoints['sensor']}, action {self.endpoints['action']}); is it running?")
@@ -131,6 +138,12 @@ class ClosedLoop:
         drop = stream.drop.tolist()
         offsets = stream.offsets_ns.tolist()
         base = self.handshake(xl[0], stopper)
+        first_u = self.first_action.get("u") if isinstance(self.first_action, dict) else None
+        continuous = isinstance(first_u, list)
+        n_act = len(first_u) if continuous else 0
+        u = np.full((n, n_act), np.nan) if continuous else None
+        expected = getattr(stream, "expected_u", None)
+        eu_l = expected.tolist() if (continuous and expected is not None) else None
         # drain whatever the handshake left
         while True:
             try:
@@ -167,7 +180,13 @@ class ClosedLoop:
                 k = d["seq"] - base
                 if 0 <= k < n and t_act[k] == 0:
                     t_act[k] = t
-                    action[k] = d["action"]
+                    if continuous:
+                        uu = d.get("u")
+                        if isinstance(uu, list) and len(uu) == n_act:
+                            u[k] = uu
+                        action[k] = -1 if s else 0      # as the node's ring: 0 policy, -1 safe
+                    else:
+                        action[k] = d["action"]
                     safe[k] = s
 
         bar = None
@@ -202,6 +221,8 @@ class ClosedLoop:
             msg = {"seq": base + i, "t_ns": t, "x": xl[i]}
             if tr >= 0:
                 msg["truth"] = tr
+            if eu_l is not None:
+                msg["u_expected"] = eu_l[i]
             raw = pack(msg)
             pub.send(raw)
             t_send[i] = t
@@ -241,6 +262,8 @@ class ClosedLoop:
         answered = t_act[m] > 0
         rtt = np.where(t_act[m] > 0, t_act[m] - t_send[m], -1).astype(np.int64)
         return {
+            "u": u[m] if continuous else None,
+            "u_expected": np.asarray(expected, dtype=np.float64)[m] if eu_l is not None else None,
             "seq": seq[m], "t_send_ns": t_send[m], "t_action_ns": t_act[m], "rtt_ns": rtt,
             "truth": truth[m].astype(np.int16), "action": np.where(answered, action[m], -1).astype(np.int16),
             "safe": safe[m] & answered, "frames_in_stream": n, "frames_planned": last_i + 1, "seq_base": base,
@@ -259,10 +282,37 @@ def percentiles(x):
             "max": int(x.max()), "mean": float(x.mean()), "count": int(len(x))}
 
 
-def summarize(res, loop, settings, role="sim", lockstep=False):
+def compare_u(u, expected, answered, safe, seq, atol=1e-6) -> dict:
+    """Answers ``u`` (n, n_actions) against ``expected`` (n, n_actions) where answered, not safe and the
+    expectation is finite: a component matches when ``|u - e| <= atol * max(1, |e|)``."""
+    rows = answered & ~safe & np.isfinite(expected).all(axis=1)
+    d = np.abs(u[rows] - expected[rows])
+    tol = atol * np.maximum(1.0, np.abs(expected[rows]))
+    bad = ~(d <= tol)                                  # NaN answers count as mismatches
+    bad_rows = np.flatnonzero(bad.any(axis=1))
+    out = {"compared": int(rows.sum()), "mismatches": int(bad_rows.size), "atol": atol,
+           "max_abs_err": float(np.nanmax(d)) if d.size else None,
+           "max_rel_err": float(np.nanmax(d / np.maximum(1.0, np.abs(expected[rows])))) if d.size else None,
+           "first_mismatch": None}
+    if bad_rows.size:
+        r = bad_rows[0]
+        j = int(np.flatnonzero(bad[r])[0])
+        i = int(np.flatnonzero(rows)[r])
+        out["first_mismatch"] = {"seq": int(seq[i]), "component": j, "got": float(u[i, j]),
+                                 "expected": float(expected[i, j])}
+    return out
+
+
+def summarize(res, loop, settings, role="sim", lockstep=False, atol=1e-6):
     answered = res["rtt_ns"] >= 0
-    scored = answered & ~res["safe"] & (res["truth"] >= 0)
+    continuous = res.get("u") is not None
+    scored = answered & ~res["safe"] & (res["truth"] >= 0) & (not continuous)
     acc = float((res["action"][scored] == res["truth"][scored]).mean()) if scored.any() else None
+    extra = {"policy": "argmax"}
+    if continuous:       # accuracy is a class's: n/a; the answers may be held against expected actions
+        extra = {"policy": "continuous", "n_actions": int(res["u"].shape[1]),
+                 "expected": (compare_u(res["u"], res["u_expected"], answered, res["safe"], res["seq"], atol)
+                              if res.get("u_expected") is not None else None)}
     return {
         "role": role, "format": rundir.SUMMARY_FORMAT,
         "frames_sent": int(len(res["seq"])),
@@ -278,6 +328,7 @@ def summarize(res, loop, settings, role="sim", lockstep=False):
         "seq_base": int(res["seq_base"]),
         "send_span_s": float(res["send_span_s"]),
         "stream": settings,
+        **extra,
     }
 
 
@@ -288,7 +339,9 @@ def write_run_dir(run_dir, summary, res):
         f.write("\n")
     np.savez(os.path.join(run_dir, "roundtrip.npz"), seq=res["seq"], t_send_ns=res["t_send_ns"],
              t_action_ns=res["t_action_ns"], rtt_ns=res["rtt_ns"], truth=res["truth"],
-             action=res["action"], safe=res["safe"])
+             action=res["action"], safe=res["safe"],
+             **({"u": res["u"]} if res.get("u") is not None else {}),
+             **({"u_expected": res["u_expected"]} if res.get("u_expected") is not None else {}))
 
 
 def new_run_dir(role):
@@ -305,6 +358,18 @@ def print_summary(summary, run_dir):
     acc = summary["accuracy"]
     print(f"frames sent {summary['frames_sent']}, answered {summary['frames_answered']}, "
           f"lost {summary['actions_lost']}, safe actions received {summary['safe_actions']}")
-    print(f"accuracy {'n/a' if acc is None else f'{acc:.4f}'} over {summary['accuracy_count']} answered frames")
+    if summary.get("policy") == "continuous":
+        print(f"accuracy n/a (continuous policy, {summary['n_actions']} actions)")
+        ex = summary.get("expected")
+        if ex is not None:
+            line = (f"expected actions: {ex['compared']} answers compared, {ex['mismatches']} mismatches "
+                    f"(atol {ex['atol']:g} relative to max(1, |u|)), max error {ex['max_abs_err']}")
+            fm = ex.get("first_mismatch")
+            if fm:
+                line += (f"; first mismatch seq {fm['seq']} component {fm['component']}: got {fm['got']!r}, "
+                         f"expected {fm['expected']!r}")
+            print(line)
+    else:
+        print(f"accuracy {'n/a' if acc is None else f'{acc:.4f}'} over {summary['accuracy_count']} answered frames")
     print(f"round trip p50 {fmt_ms(rt['p50'])}  p99 {fmt_ms(rt['p99'])}  max {fmt_ms(rt['max'])}")
     print(f"run directory: {run_dir}", flush=True)

@@ -19,6 +19,9 @@ class Stream:
     settings: dict = field(default_factory=dict)
     payloads: list | None = None  # replay: the recorded raw frames (msgpack bytes), if any
     recorded_seq: np.ndarray | None = None  # replay: the recorded seq of each frame
+    # continuous policies: the action expected for each frame (n, n_actions) float64, NaN where none
+    # (sent along as the frame's "u_expected", which the node ignores, so recordings stay self-scoring)
+    expected_u: np.ndarray | None = None
 
     def __len__(self):
         return len(self.X)
@@ -51,8 +54,12 @@ def iris_stream(n=None, rate_hz=1000.0, shuffle=False, seed=0):
 
 
 def gauss_stream(n, rate_hz=1000.0, seed=0, dwell_min=0.2, dwell_max=1.0, noise=0.0, drift=0.0,
-                 outlier_prob=0.0, outlier_scale=10.0, drop_prob=0.0):
+                 outlier_prob=0.0, outlier_scale=10.0, drop_prob=0.0, n_features=None):
     """Per-class Gaussians fitted to iris; the class switches regime after a random dwell time.
+
+    n_features: None or 4, the iris features; any other width (a continuous policy's observation):
+    three regimes with means drawn from N(0, 1) per feature (from the seed) and std 0.3 each, same
+    switching; ``truth`` is then the regime.
 
     dwell_min/max: seconds a class lasts (uniform); noise: extra Gaussian noise, in feature std units;
     drift: slow linear drift, in feature std units per second (added to every feature);
@@ -61,11 +68,20 @@ def gauss_stream(n, rate_hz=1000.0, seed=0, dwell_min=0.2, dwell_max=1.0, noise=
     """
     if dwell_min <= 0 or dwell_max < dwell_min:
         raise ValueError("need 0 < dwell_min <= dwell_max")
+    iris = n_features is None or int(n_features) == 4
+    if not iris and int(n_features) < 1:
+        raise ValueError(f"n_features must be >= 1; got {n_features}")
     X0, y0 = _iris()
     classes = np.unique(y0)
-    means = np.stack([X0[y0 == c].mean(axis=0) for c in classes])
-    covs = np.stack([np.cov(X0[y0 == c], rowvar=False) for c in classes])
-    std = X0.std(axis=0)
+    if iris:
+        means = np.stack([X0[y0 == c].mean(axis=0) for c in classes])
+        covs = np.stack([np.cov(X0[y0 == c], rowvar=False) for c in classes])
+        std = X0.std(axis=0)
+    else:
+        d = int(n_features)
+        means = np.random.default_rng([seed, d]).normal(0.0, 1.0, size=(len(classes), d))
+        covs = np.stack([np.eye(d) * 0.3 ** 2] * len(classes))
+        std = np.ones(d)
     rng = np.random.default_rng(seed)
     n = int(n)
     truth = np.empty(n, dtype=np.int16)
@@ -76,7 +92,7 @@ def gauss_stream(n, rate_hz=1000.0, seed=0, dwell_min=0.2, dwell_max=1.0, noise=
         truth[i:i + dwell] = c
         i += dwell
         c = int(rng.choice([k for k in range(len(classes)) if k != c]))
-    X = np.empty((n, X0.shape[1]), dtype=np.float64)
+    X = np.empty((n, means.shape[1]), dtype=np.float64)
     for k in range(len(classes)):
         m = truth == k
         X[m] = rng.multivariate_normal(means[k], covs[k], size=int(m.sum()))
@@ -96,7 +112,7 @@ def gauss_stream(n, rate_hz=1000.0, seed=0, dwell_min=0.2, dwell_max=1.0, noise=
                   settings={"kind": "gauss", "frames": n, "rate_hz": rate_hz, "seed": seed,
                             "dwell_min": dwell_min, "dwell_max": dwell_max, "noise": noise, "drift": drift,
                             "outlier_prob": outlier_prob, "outlier_scale": outlier_scale,
-                            "drop_prob": drop_prob})
+                            "drop_prob": drop_prob, "n_features": int(means.shape[1])})
 
 
 def replay_stream(path, rate=1.0, start=0.0, duration=None):
@@ -112,7 +128,7 @@ def replay_stream(path, rate=1.0, start=0.0, duration=None):
     frames = rec[SENSOR]
     if not frames:
         raise UserError(f"{path}: no /sensor messages (was the recorder subscribed to the sensor tap?)")
-    seqs, t_ns, xs, truth, payloads = [], [], [], [], []
+    seqs, t_ns, xs, truth, payloads, expected = [], [], [], [], [], []
     for raw, _log_time in frames:
         d = msgpack.unpackb(raw, raw=False)
         x = d["x"]
@@ -122,6 +138,7 @@ def replay_stream(path, rate=1.0, start=0.0, duration=None):
         t_ns.append(int(d["t_ns"]))
         xs.append([float(v) for v in x])
         truth.append(int(d.get("truth", -1)))
+        expected.append(d.get("u_expected"))
         payloads.append(raw)
     t = np.asarray(t_ns, dtype=np.int64)
     rel = t - t[0]
@@ -133,7 +150,16 @@ def replay_stream(path, rate=1.0, start=0.0, duration=None):
         raise UserError(f"{path}: no /sensor frames within --start {start} --duration {duration}")
     rel = rel[idx] - rel[idx[0]]
     offsets = (rel.astype(np.float64) / rate).astype(np.int64)
-    return Stream(X=np.asarray(xs, dtype=np.float64)[idx], truth=np.asarray(truth, dtype=np.int16)[idx],
+    expected_u = None
+    widths = {len(e) for e in expected if isinstance(e, list)}
+    if len(widths) == 1:       # frames of a continuous sim carry the expected action: keep them
+        w = widths.pop()
+        expected_u = np.full((len(expected), w), np.nan)
+        for i, e in enumerate(expected):
+            if isinstance(e, list) and len(e) == w:
+                expected_u[i] = e
+        expected_u = expected_u[idx]
+    return Stream(expected_u=expected_u, X=np.asarray(xs, dtype=np.float64)[idx], truth=np.asarray(truth, dtype=np.int16)[idx],
                   offsets_ns=offsets, drop=np.zeros(len(idx), dtype=bool),
                   payloads=[payloads[i] for i in idx], recorded_seq=np.asarray(seqs, dtype=np.int64)[idx],
                   settings={"kind": "replay", "file": str(path), "frames": int(len(idx)), "rate": rate,

@@ -47,6 +47,62 @@ def policy(iris_model_path):
     return Policy.load(iris_model_path)
 
 
+def continuous_spec(dtype="float32", seed=0, sizes=(6, 32, 32, 4), squash=True, weight_scale=1.0):
+    """A continuous :class:`kernels.ModelSpec`: ELU hidden layers, identity output, tanh squash, per-action
+    offset (a "default pose") and scale, random weights; action names j0..j{n-1}."""
+    from control_node.kernels import ModelSpec
+    rng = np.random.default_rng(seed)
+    layers = [(rng.normal(0.0, weight_scale / np.sqrt(n_in), size=(n_in, n_out)), rng.normal(0.0, 0.1, size=n_out))
+              for n_in, n_out in zip(sizes[:-1], sizes[1:])]
+    d, n_act = sizes[0], sizes[-1]
+    return ModelSpec(layers=layers, mean=rng.normal(0.0, 0.5, size=d), scale=rng.uniform(0.5, 2.0, size=d),
+                     classes=[], feature_names=[f"obs{i}" for i in range(d)], dtype=dtype, trainer="random",
+                     head="continuous", activations=["elu"] * (len(sizes) - 2) + ["identity"],
+                     action_names=[f"j{i}" for i in range(n_act)],
+                     action_offset=np.round(rng.uniform(-1.0, 1.0, size=n_act), 3), action_scale=0.25 + 0.1 * np.arange(n_act),
+                     squash=squash, check_X=rng.normal(0.0, 1.5, size=(64, d)))
+
+
+def _save(spec, tmp_path_factory, name):
+    from control_node.kernels import Policy, save_model
+    path = tmp_path_factory.mktemp("models") / name
+    save_model(spec, path)
+    Policy.load(path)               # verified against the numpy reference, as the node will
+    return path
+
+
+@pytest.fixture(scope="session")
+def make_continuous_spec():
+    """Factory: ``make_continuous_spec(dtype="float64", seed=1)`` -> a continuous ModelSpec."""
+    return continuous_spec
+
+
+@pytest.fixture(scope="session")
+def continuous_model_path(tmp_path_factory):
+    """A verified continuous policy file: 6 -> 32 -> 32 -> 4, ELU, float32, tanh squash, offset/scale."""
+    return _save(continuous_spec("float32"), tmp_path_factory, "continuous-f32.npz")
+
+
+@pytest.fixture(scope="session")
+def continuous_f64_model_path(tmp_path_factory):
+    """The same shape in float64 (the node's answers equal Policy.act bit for bit)."""
+    return _save(continuous_spec("float64", seed=1), tmp_path_factory, "continuous-f64.npz")
+
+
+@pytest.fixture(scope="session")
+def overflow_model_path(tmp_path_factory):
+    """A continuous policy whose output overflows for large inputs: 6 -> 4, identity, weights 1e200, no
+    squash. Finite for inputs of order 1 (check_X), +-inf for x = 1e200: the kernel returns -1."""
+    from control_node.kernels import ModelSpec
+    rng = np.random.default_rng(3)
+    W = np.where(rng.random((6, 4)) < 0.5, -1.0, 1.0) * 1e200
+    spec = ModelSpec(layers=[(W, np.zeros(4))], mean=np.zeros(6), scale=np.ones(6), classes=[],
+                     feature_names=[f"obs{i}" for i in range(6)], head="continuous", activations=["identity"],
+                     action_names=["a", "b", "c", "d"], action_offset=[0.5, -0.5, 0.0, 1.0], action_scale=1.0,
+                     squash=False, check_X=rng.normal(0.0, 1.0, size=(16, 6)), trainer="random")
+    return _save(spec, tmp_path_factory, "overflow.npz")
+
+
 @pytest.fixture(autouse=True)
 def _reap_nodes():
     """A failed test must not leave a SCHED_FIFO node spinning on the loop core: every node the test

@@ -4,6 +4,7 @@ from __future__ import annotations
 import gc
 import subprocess
 import sys
+import time
 import tracemalloc
 
 import msgpack
@@ -67,6 +68,68 @@ def test_hot_path_allocates_nothing_over_100k_cycles(tmp_path, iris_model_path):
     in_loop = [d for d in snap1.compare_to(snap0, "lineno")
                if d.traceback[0].filename == __file__ and d.traceback[0].lineno == run_line]
     assert sum(d.count_diff for d in in_loop) == 0   # no Python memory allocated by the loop
+
+
+FEEDER_6 = FEEDER.replace("x = [5.1, 3.5, 1.4, 0.2]", "x = [0.3, -1.2, 0.8, 2.5, -0.4, 1.1]")
+
+
+def _run_continuous(loop):
+    loop.run()      # any Python allocation inside the compiled loop is attributed to this line
+
+
+def test_continuous_hot_path_allocates_nothing_over_100k_cycles(tmp_path, continuous_model_path):
+    """The continuous path (act_ptr, the v2 encoder, the action ring) allocates nothing either."""
+    policy = Policy.load(continuous_model_path)
+    ctx = zmq.Context()
+    sub, pub, watch = ctx.socket(zmq.SUB), ctx.socket(zmq.PUB), ctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    sub.bind(f"ipc://{tmp_path}/s")
+    pub.bind(f"ipc://{tmp_path}/a")
+    watch.setsockopt(zmq.SUBSCRIBE, b"")
+    watch.setsockopt(zmq.RCVHWM, 0)
+    watch.connect(f"ipc://{tmp_path}/a")
+    feeder = subprocess.Popen([sys.executable, "-c", FEEDER_6, f"ipc://{tmp_path}/s", "30"])
+    try:
+        assert sub.poll(10000), "feeder never connected"
+        # 100k cycles at 20 kHz; the main ring (1000) and the action ring (700) both wrap
+        loop = RtLoop(policy, sub.underlying, pub.underlying, libzmq_functions(), period_ns=20_000,
+                      deadline_ns=20_000, stale_after_ns=10**9, spin_ns=20_000, max_cycles=100_000,
+                      sensor_clock=False, catch_up_skip=True, safe_action=0, hold_last=False,
+                      max_frame_bytes=4096, ring_cycles=1000, safe_u=[0.0, 0.0, 0.0, 0.0],
+                      action_ring_cycles=700)
+        assert loop.continuous and loop.n_actions == 4 and loop.action_capacity == 700
+        time.sleep(0.2)             # the watcher is connected
+        gc.collect()
+        gc.disable()
+        tracemalloc.start()
+        snap0 = tracemalloc.take_snapshot()
+        _run_continuous(loop)
+        snap1 = tracemalloc.take_snapshot()
+        tracemalloc.stop()
+        gc.enable()
+        published = []
+        while watch.poll(100) and len(published) < 1000:
+            published.append(msgpack.unpackb(watch.recv()))
+    finally:
+        feeder.kill()
+        feeder.wait()
+        sub.close(0)
+        pub.close(0)
+        watch.close(0)
+        ctx.term()
+    assert loop.cycles == 100_000
+    assert loop.frames_valid > 1_000             # the policy really ran on real frames
+    run_line = _run_continuous.__code__.co_firstlineno + 1
+    in_loop = [d for d in snap1.compare_to(snap0, "lineno")
+               if d.traceback[0].filename == __file__ and d.traceback[0].lineno == run_line]
+    assert sum(d.count_diff for d in in_loop) == 0   # no Python memory allocated by the loop
+    want = policy.act(np.array([0.3, -1.2, 0.8, 2.5, -0.4, 1.1]))
+    answers = [a for a in published if not a["safe"]]
+    assert answers and all(a["u"] == want.tolist() for a in answers)
+    assert loop.action_ring.shape == (700, 4)
+    last = 100_000 - 1                           # the last cycle published the held policy answer
+    assert loop.ring["action"][last % 1000] == 0 and loop.ring["cycle"][last % 1000] == last
+    assert np.array_equal(loop.action_ring[last % 700], want.astype(np.float32))
 
 
 def test_action_encoding_is_msgpack():

@@ -5,8 +5,10 @@ Everything runs without the GIL and without touching a Python object: libzmq is
 called through function pointers taken from the library pyzmq itself loaded (no
 build-time link against pyzmq's privately named copy), frames are decoded by
 ``frame_codec.h`` into a preallocated buffer, the policy runs through
-``Policy.predict_ptr``, and each cycle's figures go into preallocated arrays.
-Python sets it all up (``control_node.node``) and reads the results afterwards.
+``Policy.predict_ptr`` (argmax: the class, protocol v1) or ``Policy.act_ptr``
+(continuous: the action vector, protocol v2), and each cycle's figures go into
+preallocated arrays. Python sets it all up (``control_node.node``) and reads the
+results afterwards.
 """
 import numpy as np
 
@@ -51,10 +53,14 @@ cdef extern from "frame_codec.h" nogil:
         CN_NON_FINITE_OUTPUT
         CN_N_REASONS
         CN_ACTION_BYTES
+        CN_ACTION_U_MAX
     int cn_decode_frame(const uint8_t *buf, size_t len, int n_features, double *scratch,
                         double *x_out, uint64_t *seq, int64_t *t_ns)
     size_t cn_encode_action(uint8_t *out, uint64_t seq, int have_seq, int64_t t_ns, uint64_t cycle, int action,
                             int safe)
+    size_t cn_action_u_bytes(int n)
+    size_t cn_encode_action_u(uint8_t *out, uint64_t seq, int have_seq, int64_t t_ns, uint64_t cycle,
+                              const double *u, int n, int safe)
 
 cdef extern from "rt_hist.h" nogil:
     enum: CN_HIST_BUCKETS
@@ -86,6 +92,11 @@ cdef enum:
     FLAG_SAFE = 8
     FLAG_NEW_FRAME = 16
     FLAG_NO_FRAME_YET = 32     # no valid frame since start: seq in the ring is meaningless
+
+# the ring's "action" of a continuous policy's cycle (rundir.ACTION_POLICY / ACTION_SAFE, checked below)
+cdef enum:
+    ACTION_POLICY = 0
+    ACTION_SAFE = -1
 
 # streaming histograms (whole run): rows in control_node.rundir.HIST_NAMES order
 DEF H_WAKE = 0
@@ -130,14 +141,22 @@ cdef class RtLoop:
     # settings
     cdef public int64_t period_ns, deadline_ns, stale_after_ns, spin_ns, max_cycles, run_until_ns
     cdef public int sensor_clock, catch_up_skip, safe_action, hold_last, n_features
+    cdef readonly bint continuous       # the policy's head: continuous (v2 actions) or argmax (v1)
+    cdef readonly int n_actions
     cdef size_t rx_cap
     # buffers
     cdef object _keep
     cdef uint8_t *rx
-    cdef uint8_t tx[96]
+    cdef uint8_t *tx                    # the encoded action, sized for the policy's message at init
+    cdef readonly size_t tx_cap
     cdef double *x_cur
     cdef double *x_new
     cdef double *scratch
+    # continuous policies: the policy's output, the last good action, the safe action (n_actions each)
+    cdef double *u_new
+    cdef double *u_last
+    cdef double *u_safe
+    cdef bint u_have_good
     # counters (read by the diagnostics thread while running: benign races on int64)
     cdef readonly int64_t cycles, deadline_misses, skipped_ticks, stale_cycles, safe_actions
     cdef readonly int64_t superseded, frames_valid, send_failures, recv_errors, t0_ns, t_end_ns
@@ -160,13 +179,45 @@ cdef class RtLoop:
     cdef int64_t *hist
     cdef readonly object ring
     cdef readonly object histograms
+    # continuous policies: the published action of each of the last action_capacity cycles (float32)
+    cdef readonly int64_t action_capacity
+    cdef readonly object action_ring
+    cdef float *r_u
 
     def __init__(self, Policy policy, size_t sub_handle, size_t pub_handle, dict fns, *,
                  int64_t period_ns, int64_t deadline_ns, int64_t stale_after_ns, int64_t spin_ns,
                  int64_t max_cycles, bint sensor_clock, bint catch_up_skip, int safe_action, bint hold_last,
-                 size_t max_frame_bytes, int64_t ring_cycles):
+                 size_t max_frame_bytes, int64_t ring_cycles, object safe_u=None, int64_t action_ring_cycles=0):
+        """safe_action/hold_last: argmax policies (a class index; hold = repeat the last class).
+        Continuous policies: ``safe_u`` is the safe action vector (n_actions finite floats; None: the
+        head's offset), ``hold_last`` publishes the last good action instead once there is one;
+        ``action_ring_cycles`` the cycles the action ring keeps (0: rundir.action_ring_capacity)."""
         self.policy = policy
         self.n_features = policy.n_features
+        self.continuous = policy.continuous
+        self.n_actions = policy.n_actions
+        if self.continuous:
+            if not 1 <= self.n_actions <= CN_ACTION_U_MAX:
+                raise ValueError(f"a continuous policy needs 1 to {CN_ACTION_U_MAX} actions; this one has "
+                                 f"{self.n_actions}")
+            su = np.array(policy.spec.action_offset if safe_u is None else safe_u, dtype=np.float64).reshape(-1)
+            if su.shape[0] != self.n_actions or not np.isfinite(su).all():
+                raise ValueError(f"safe_u must be {self.n_actions} finite floats; got {su.tolist()}")
+            self.tx_cap = cn_action_u_bytes(self.n_actions)
+        else:
+            if safe_u is not None:
+                raise ValueError("safe_u is for continuous policies; an argmax policy takes safe_action")
+            su = np.zeros(1)
+            self.tx_cap = CN_ACTION_BYTES
+        tx = np.zeros(self.tx_cap, dtype=np.uint8)
+        self.tx = <uint8_t *> cnp.PyArray_DATA(tx)
+        cdef int uw = max(self.n_actions, 1)
+        us = np.zeros((3, uw), dtype=np.float64)
+        us[2, :su.shape[0]] = su
+        self.u_new = <double *> cnp.PyArray_DATA(us)
+        self.u_last = self.u_new + uw
+        self.u_safe = self.u_last + uw
+        self.u_have_good = False
         self.sub = <void *> sub_handle
         self.pub = <void *> pub_handle
         self.z_recv = <zmq_recv_t> <size_t> fns["zmq_recv"]
@@ -205,7 +256,17 @@ cdef class RtLoop:
         self.r_flags = <uint8_t *> cnp.PyArray_DATA(ring["flags"])
         self.r_action = <int16_t *> cnp.PyArray_DATA(ring["action"])
         self.r_seq = <uint64_t *> cnp.PyArray_DATA(ring["seq"])
-        self._keep = (rx, xs)
+        if self.continuous:
+            # never more than rundir.ACTION_RING_MAX_BYTES, whatever is asked for
+            self.action_capacity = rundir.action_ring_capacity(
+                action_ring_cycles if action_ring_cycles > 0 else self.capacity, self.n_actions)
+            self.action_ring = rundir.new_action_ring(self.action_capacity, self.n_actions)
+            self.r_u = <float *> cnp.PyArray_DATA(self.action_ring)
+        else:
+            self.action_capacity = 0
+            self.action_ring = None
+            self.r_u = NULL
+        self._keep = (rx, xs, tx, us)
         cdef int i
         for i in range(CN_N_REASONS):
             self.rejected[i] = 0
@@ -214,6 +275,13 @@ cdef class RtLoop:
     def request_stop(self):
         """Ask the loop to finish its current cycle and return (safe from any thread)."""
         self.stop_flag = 1
+
+    @property
+    def safe_vector(self):
+        """The continuous policy's safe action (a copy; hold_last: before any good action), else None."""
+        if not self.continuous:
+            return None
+        return np.array([self.u_safe[j] for j in range(self.n_actions)], dtype=np.float64)
 
     def rejected_counts(self):
         """Rejected frames by reason (dict reason -> count)."""
@@ -290,6 +358,22 @@ cdef class RtLoop:
         if safe:
             self.safe_actions += 1
 
+    cdef inline void _publish_u(self, uint64_t seq, bint have_seq, int64_t tns, const double *u,
+                                bint safe) noexcept nogil:
+        cdef size_t n = cn_encode_action_u(self.tx, seq, have_seq, tns, <uint64_t> self.cycles, u, self.n_actions,
+                                           safe)
+        if self.z_send(self.pub, self.tx, n, ZMQ_DONTWAIT) < 0:
+            self.send_failures += 1
+        if safe:
+            self.safe_actions += 1
+
+    cdef inline void _record_u(self, const double *u) noexcept nogil:
+        """The published action vector into the action ring (call before _record counts the cycle)."""
+        cdef float *row = self.r_u + (self.cycles % self.action_capacity) * self.n_actions
+        cdef int j
+        for j in range(self.n_actions):
+            row[j] = <float> u[j]
+
     cdef inline void _record(self, int64_t tick, int64_t wake_lat, int64_t t_wake, int64_t t_recv,
                              int64_t t_infer, int64_t t_pub, int64_t period, int64_t age, uint8_t flags,
                              int action, uint64_t seq) noexcept nogil:
@@ -344,6 +428,31 @@ cdef class RtLoop:
             return last_action[0] if (self.hold_last and last_action[0] >= 0) else self.safe_action
         return last_action[0]
 
+    cdef inline const double *_decide_u(self, int got, int64_t t_wake, int64_t *last_rx, bint *last_safe,
+                                        bint *stale_state, uint8_t *flags) noexcept nogil:
+        """_decide for a continuous policy: the action vector to publish (the policy's for a new
+        frame, the held one, or the safe one). A non-finite output never reaches u_last."""
+        if got & 1:
+            last_rx[0] = t_wake
+            stale_state[0] = False
+            flags[0] |= FLAG_NEW_FRAME
+            if self.policy.act_ptr(self.x_cur, self.u_new) < 0:     # an output not finite: u_new is garbage
+                self.rejected[CN_NON_FINITE_OUTPUT] += 1
+                last_safe[0] = True
+            else:
+                memcpy(self.u_last, self.u_new, sizeof(double) * self.n_actions)
+                self.u_have_good = True
+                last_safe[0] = False
+        if last_rx[0] == 0 or t_wake - last_rx[0] > self.stale_after_ns:
+            stale_state[0] = True
+            self.stale_cycles += 1
+            flags[0] |= FLAG_STALE
+            last_safe[0] = True
+        if last_safe[0]:
+            flags[0] |= FLAG_SAFE
+            return self.u_last if (self.hold_last and self.u_have_good) else self.u_safe
+        return self.u_last
+
     cdef inline void _cycle(self, int64_t tick, int64_t wake_lat, int64_t t_wake, int64_t period, int got,
                             uint64_t seq, bint have_seq, int64_t tns, int64_t *last_rx, int *last_action,
                             bint *last_safe, bint *stale_state) noexcept nogil:
@@ -351,15 +460,26 @@ cdef class RtLoop:
         A cycle misses its deadline when it publishes later than deadline_ns after ``tick``."""
         cdef uint8_t flags = FLAG_REJECTED if got & 2 else 0
         cdef int64_t t_recv = now_ns()
-        cdef int action = self._decide(got, t_wake, last_rx, last_action, last_safe, stale_state, &flags)
+        cdef int action
+        cdef const double *u = NULL
+        if self.continuous:
+            u = self._decide_u(got, t_wake, last_rx, last_safe, stale_state, &flags)
+            action = ACTION_SAFE if flags & FLAG_SAFE else ACTION_POLICY
+        else:
+            action = self._decide(got, t_wake, last_rx, last_action, last_safe, stale_state, &flags)
         cdef int64_t t_infer = now_ns()
-        self._publish(seq, have_seq, tns, action, flags & FLAG_SAFE)
+        if self.continuous:
+            self._publish_u(seq, have_seq, tns, u, flags & FLAG_SAFE)
+        else:
+            self._publish(seq, have_seq, tns, action, flags & FLAG_SAFE)
         cdef int64_t t_pub = now_ns()
         if t_pub - tick > self.deadline_ns:
             self.deadline_misses += 1
             flags |= FLAG_MISS
         if not have_seq:
             flags |= FLAG_NO_FRAME_YET
+        if self.continuous:
+            self._record_u(u)
         self._record(tick, wake_lat, t_wake, t_recv, t_infer, t_pub, period,
                      # input age only where the policy acted on a frame (not for safe actions)
                      (t_wake - tns) if (tns >= 0 and not (flags & FLAG_SAFE)) else -1, flags, action, seq)
@@ -454,6 +574,26 @@ def encode_action(seq, int64_t t_ns, uint64_t cycle, int action, bint safe):
     return out[:n]
 
 
+def encode_action_u(seq, int64_t t_ns, uint64_t cycle, u, bint safe):
+    """The loop's v2 (continuous) action encoder, for tests: the msgpack bytes it would publish for the
+    action vector ``u`` (1 to CN_ACTION_U_MAX floats; seq -1: no frame yet)."""
+    cdef cnp.ndarray a = np.ascontiguousarray(u, dtype=np.float64).reshape(-1)
+    cdef int n = a.shape[0]
+    if not 1 <= n <= CN_ACTION_U_MAX:
+        raise ValueError(f"u must hold 1 to {CN_ACTION_U_MAX} values; got {n}")
+    out = np.zeros(cn_action_u_bytes(n), dtype=np.uint8)
+    cdef bint have = seq >= 0
+    cdef size_t k = cn_encode_action_u(<uint8_t *> cnp.PyArray_DATA(out), <uint64_t> (seq if have else 0), have,
+                                       t_ns, cycle, <const double *> cnp.PyArray_DATA(a), n, safe)
+    assert k == <size_t> out.shape[0]
+    return out.tobytes()
+
+
+def action_u_bytes(int n):
+    """Length of a v2 action message with ``n`` actions (fixed per n)."""
+    return cn_action_u_bytes(n)
+
+
 def compiled_constants():
     """The C constants this module was compiled with, for :func:`control_node.rundir.check_compiled`."""
     return {
@@ -470,6 +610,8 @@ def compiled_constants():
                  "recv_ns": sizeof(int64_t), "infer_ns": sizeof(int64_t), "publish_ns": sizeof(int64_t),
                  "cycle_time_ns": sizeof(int64_t), "period_ns": sizeof(int64_t), "input_age_ns": sizeof(int64_t),
                  "flags": sizeof(uint8_t), "action": sizeof(int16_t), "seq": sizeof(uint64_t)},
+        "action_ring": {"u": sizeof(float)},
+        "action_codes": {"policy": ACTION_POLICY, "safe": ACTION_SAFE},
     }
 
 

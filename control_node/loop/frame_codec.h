@@ -1,5 +1,5 @@
 /*
- * Sensor-frame decoder and action encoder for protocol v1 (docs/protocol.md),
+ * Sensor-frame decoder and action encoders (docs/protocol.md: v1 class actions, v2 continuous actions),
  * written against the byte layout of MessagePack so that the loop can validate a
  * frame without creating a single Python object. Every way a frame can be wrong
  * maps to one reason code; nothing is written to x_out unless the frame is valid.
@@ -255,6 +255,43 @@ static size_t cn_encode_action(uint8_t *out, uint64_t seq, int have_seq, int64_t
     *p++ = 0xcf; p = cn_put_be64(p, cycle);
     *p++ = 0xa6; memcpy(p, "action", 6); p += 6;
     *p++ = 0xd3; p = cn_put_be64(p, (uint64_t)(int64_t)action);
+    *p++ = 0xa4; memcpy(p, "safe", 4); p += 4;
+    *p++ = safe ? 0xc3 : 0xc2;
+    return (size_t)(p - out);
+}
+
+/* Protocol v2 (continuous policies): the action vector u as a msgpack array of n float64 (0xcb).
+ * The array header is 0x90|n for n <= 15, else 0xdc + big-endian uint16 n (n <= CN_ACTION_U_MAX). */
+#define CN_ACTION_U_MAX 65535
+
+/* Length of a v2 action map with n actions: fixed for a given n (51 bytes + header + 9 n). */
+static inline size_t cn_action_u_bytes(int n) {
+    return 51u + (n <= 15 ? 1u : 3u) + 9u * (size_t)n;
+}
+
+/* Encode a v2 action map, keys in this order: seq, t_ns, cycle, u, safe (cn_action_u_bytes(n) long).
+ * seq and t_ns as in cn_encode_action; u[0..n-1] are written bit for bit (IEEE-754 binary64, big
+ * endian), -0.0 and subnormals included. out must hold cn_action_u_bytes(n) bytes; 1 <= n <= CN_ACTION_U_MAX. */
+static size_t cn_encode_action_u(uint8_t *out, uint64_t seq, int have_seq, int64_t t_ns, uint64_t cycle,
+                                 const double *u, int n, int safe) {
+    uint8_t *p = out;
+    *p++ = 0x85;
+    *p++ = 0xa3; memcpy(p, "seq", 3); p += 3;
+    if (have_seq) { *p++ = 0xcf; p = cn_put_be64(p, seq); }
+    else { *p++ = 0xd3; p = cn_put_be64(p, (uint64_t)(int64_t)-1); }
+    *p++ = 0xa4; memcpy(p, "t_ns", 4); p += 4;
+    *p++ = 0xd3; p = cn_put_be64(p, (uint64_t)t_ns);
+    *p++ = 0xa5; memcpy(p, "cycle", 5); p += 5;
+    *p++ = 0xcf; p = cn_put_be64(p, cycle);
+    *p++ = 0xa1; *p++ = 'u';
+    if (n <= 15) { *p++ = (uint8_t)(0x90 | n); }
+    else { *p++ = 0xdc; *p++ = (uint8_t)(n >> 8); *p++ = (uint8_t)n; }
+    for (int j = 0; j < n; j++) {
+        uint64_t b;
+        memcpy(&b, &u[j], 8);
+        *p++ = 0xcb;
+        p = cn_put_be64(p, b);
+    }
     *p++ = 0xa4; memcpy(p, "safe", 4); p += 4;
     *p++ = safe ? 0xc3 : 0xc2;
     return (size_t)(p - out);

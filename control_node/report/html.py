@@ -75,6 +75,19 @@ def run_html(rs: dict, pngs: dict) -> str:
             *[[t, _h(n.get(k)), ""] for k, t in EXTRA_COUNTERS if n.get(k) is not None],
             ["rejected frames", _h(n.get("rejected_total")),
              _h(", ".join(f"{k} {c}" for k, c in sorted(rej.items()) if c))]], numeric_from=1, numeric_to=2))
+        ac = n.get("actions")
+        if ac:
+            sa = ac.get("safe_action") or {}
+            parts.append(f"<h3>Actions (continuous policy, {_h(ac.get('n_actions'))} actions)</h3>" + _table(
+                ["what", "count", "detail"],
+                [["actions published", _h(ac.get("published")), ""],
+                 ["from the policy", _h(ac.get("policy")), ""],
+                 ["safe actions", _h(ac.get("safe")), _h(f"{sa.get('mode')} {sa.get('u')}")]],
+                numeric_from=1, numeric_to=2))
+            if ac["components"]:
+                parts.append(_table(["action", "min", "mean", "max"],
+                                    [[_h(c["name"]), _h(f"{c['min']:.6g}"), _h(f"{c['mean']:.6g}"),
+                                      _h(f"{c['max']:.6g}")] for c in ac["components"]]))
     st = all_stats(rs)
     if st:
         method = n["percentile_method"] if n else "numpy.percentile, linear interpolation"
@@ -101,10 +114,16 @@ def run_html(rs: dict, pngs: dict) -> str:
                                                                   numeric_from=99))
     sm = rs.get("sim")
     if sm:
-        parts.append("<h3>Simulator</h3>" + _table(None, [[_h(k), _h(sm.get(k))] for k in
-                     ("frames_sent", "actions_received", "actions_lost", "safe_actions", "accuracy")], numeric_from=1))
+        rows = [[_h(k), _h(sm.get(k))] for k in ("frames_sent", "actions_received", "actions_lost", "safe_actions")]
+        rows.append(["accuracy", "n/a (continuous policy)" if sm.get("policy") == "continuous"
+                     else _h(sm.get("accuracy"))])
+        if sm.get("expected"):
+            ex = sm["expected"]
+            rows.append(["expected actions", _h(f"{ex.get('compared')} compared, {ex.get('mismatches')} mismatches "
+                                                f"(atol {ex.get('atol')})")])
+        parts.append("<h3>Simulator</h3>" + _table(None, rows, numeric_from=1))
     titles = {"histogram": "Latency histogram", "timeline": "Wake-up latency timeline", "phases": "Per-phase breakdown",
-              "percentiles": "Percentile distribution"}
+              "percentiles": "Percentile distribution", "actions": "Published actions over time"}
     for key, title in titles.items():
         if pngs.get(key):
             parts.append(f"<h3>{title}</h3>" + _img(pngs[key], title))

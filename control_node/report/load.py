@@ -47,6 +47,7 @@ class NodeRun:
     summary: dict
     arrays: dict | None  # cycles.npz arrays, None when empty
     hist: dict | None = None  # histograms.npz: metric -> bucket counts (whole run), when present
+    actions: dict | None = None  # actions.npz (continuous policies): "cycle" (n,), "u" (n, n_actions)
 
     @property
     def complete(self) -> bool:
@@ -135,7 +136,25 @@ def _load_node(d: Path, s: dict) -> NodeRun:
         for k, c in hist.items():
             if c.ndim != 1:
                 raise UserError(f"{hf}: array '{k}' has shape {c.shape}, expected 1-D bucket counts")
-    return NodeRun(d, s, arrays if n else None, hist)
+    return NodeRun(d, s, arrays if n else None, hist, _read_actions(d))
+
+
+def _read_actions(d: Path) -> dict | None:
+    """actions.npz of a continuous policy's run (rundir.ACTIONS_FILE), validated; None when absent."""
+    f = d / rundir.ACTIONS_FILE
+    if not f.exists():
+        return None
+    try:
+        a = rundir.read_node_actions(d)
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, KeyError) as e:
+        raise UserError(f"{f}: cannot be read ({type(e).__name__}: {e}); the file is corrupt or truncated "
+                        "(delete it to report without the action plot)") from None
+    if a is None or "u" not in a or "cycle" not in a:
+        raise UserError(f"{f}: arrays missing: expected 'cycle' and 'u'")
+    u, cyc = np.asarray(a["u"]), np.asarray(a["cycle"])
+    if u.ndim != 2 or cyc.ndim != 1 or u.shape[0] != cyc.shape[0]:
+        raise UserError(f"{f}: 'u' has shape {u.shape} and 'cycle' {cyc.shape}; expected (n, n_actions) and (n,)")
+    return {"cycle": cyc, "u": u} if cyc.size else None
 
 
 def _load_sim(d: Path, s: dict) -> SimRun:

@@ -121,6 +121,44 @@ def timeline(arrays: dict, title: str, budget_ns=None, period_ns=None) -> bytes 
     return _png(fig)
 
 
+def actions_plot(actions: dict, title: str, names=None, cycles_arrays: dict | None = None) -> bytes | None:
+    """A continuous policy's published actions (actions.npz) against the cycle: per component a min-max
+    band per bucket (at most MAX_BUCKETS), and a strip along the bottom where cycles published the safe
+    action (from cycles.npz flags, where it covers the same cycles)."""
+    u = np.asarray(actions["u"], dtype=np.float64)
+    cyc = np.asarray(actions["cycle"])
+    if u.size == 0:
+        return None
+    starts, lo, hi = decimate_minmax(u[:, 0])
+    x = cyc[starts]
+    fig, ax = plt.subplots(figsize=(10, 5))
+    cmap = plt.get_cmap("tab10")
+    for j in range(u.shape[1]):
+        _, lo, hi = decimate_minmax(u[:, j], len(starts))
+        name = names[j] if names is not None and j < len(names) else f"u{j}"
+        color = cmap(j % 10)
+        ax.fill_between(x, lo, hi, step="post", color=color, alpha=0.3, lw=0)
+        ax.plot(x, (lo + hi) / 2, drawstyle="steps-post", lw=0.8, color=color, label=name)
+    if cycles_arrays is not None and cycles_arrays["cycle"].size:
+        cc = cycles_arrays["cycle"]
+        pos = np.searchsorted(cc, cyc)
+        inside = (pos < cc.size) & (cc[np.minimum(pos, cc.size - 1)] == cyc)
+        safe = np.zeros(cyc.size, dtype=bool)
+        safe[inside] = (cycles_arrays["flags"][pos[inside]] & rundir.FLAG_SAFE) != 0
+        sb = bucket_any(safe, starts)
+        if sb.any():
+            ax.vlines(x[sb], 0, 0.04, color="red", lw=1.5, transform=ax.get_xaxis_transform(),
+                      label=f"safe action (strip; {int(sb.sum())} of {len(starts)} buckets)")
+    ax.set_xlabel("cycle")
+    ax.set_ylabel("action")
+    ax.set_title(title)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=min(6, u.shape[1] + 1),
+              frameon=False)
+    fig.tight_layout()
+    return _png(fig)
+
+
 def phases(stats: dict, title: str) -> bytes | None:
     """Grouped bars: recv / infer / publish / cycle time at each percentile (log y)."""
     names = [m for m in ("recv_ns", "infer_ns", "publish_ns", "cycle_time_ns") if stats.get(m, {}).get("count")]
@@ -236,6 +274,11 @@ def run_plots(run: Run) -> dict:
                                      f"{label}: latency histogram{note}")
         budget = (node.summary.get("budget") or {}).get("wake_latency_p99_ns")
         out["timeline"] = timeline(a, f"{label}: wake-up latency per cycle{note}", budget)
+    if node is not None and node.actions is not None:
+        names = (node.summary.get("policy") or {}).get("action_names")
+        n_kept = node.actions["cycle"].size
+        out["actions"] = actions_plot(node.actions, f"{label}: published actions (last {n_kept} cycles, min-max per "
+                                      "bucket)", names, node.arrays)
     if node is not None:
         out["phases"] = phases(S.node_stats(node), f"{label}: per-phase time at each percentile")
     elif run.sim is not None and run.sim.arrays is not None:

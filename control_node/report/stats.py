@@ -136,6 +136,29 @@ def fmt_us(ns) -> str:
     return f"{us:.3f} us"
 
 
+def action_summary(node: NodeRun) -> dict | None:
+    """A continuous policy's actions: how many the node published, how many were the policy's and how many
+    the safe action, and per component min / mean / max of the published actions in actions.npz."""
+    s = node.summary
+    pol = s.get("policy") or {}
+    if pol.get("kind") != "continuous":
+        return None
+    cycles, safe = s.get("cycles"), s.get("safe_actions")
+    out = {"n_actions": pol.get("n_actions"), "names": pol.get("action_names"), "published": cycles,
+           "safe": safe, "policy": (cycles - safe) if isinstance(cycles, int) and isinstance(safe, int) else None,
+           "safe_action": s.get("safe_action"), "ring": s.get("action_ring"), "components": []}
+    a = node.actions
+    if a is not None:
+        u = np.asarray(a["u"], dtype=np.float64)
+        names = pol.get("action_names") or []
+        for j in range(u.shape[1]):
+            col = u[:, j]
+            out["components"].append({"name": names[j] if j < len(names) else f"u{j}", "min": float(col.min()),
+                                      "mean": float(col.mean()), "max": float(col.max())})
+        out["recorded_cycles"] = int(u.shape[0])
+    return out
+
+
 def run_summary(run: Run) -> dict:
     """The machine-readable report of one run (what --json prints)."""
     out = {"path": str(run.path), "label": run.label}
@@ -155,11 +178,14 @@ def run_summary(run: Run) -> dict:
                                   else "summary.json (node's streaming histogram; ring incomplete)"),
             "stats": stats, "events": worst_events(node), "budget": s.get("budget"), "verdict": verdict(node, stats),
             "rt": s.get("rt") or {}, "model": s.get("model"), "host": s.get("host"), "process": s.get("process"),
+            "policy_kind": (s.get("policy") or {}).get("kind", "argmax"), "actions": action_summary(node),
         }
     if run.sim is not None:
         s = run.sim.summary
         out["sim"] = {"path": str(run.sim.path), "role": s.get("role"), **{k: s.get(k) for k in
-                      ("frames_sent", "actions_received", "actions_lost", "safe_actions", "accuracy", "stream")},
+                      ("frames_sent", "actions_received", "actions_lost", "safe_actions", "accuracy", "stream",
+                       "expected")},
+                      "policy": s.get("policy", "argmax"),
                       "stats": sim_stats(run.sim)}
     return out
 

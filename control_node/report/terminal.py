@@ -39,6 +39,16 @@ def print_terminal(summaries: list[dict], console=None) -> None:
             t.add_row("rejected frames", str(n.get("rejected_total")),
                       ", ".join(f"{k} {v}" for k, v in sorted(rej.items()) if v))
             console.print(t)
+            ac = n.get("actions")
+            if ac:
+                console.print(actions_line(ac))
+                if ac["components"]:
+                    t = Table(title=f"published actions, {ac.get('recorded_cycles')} cycles recorded")
+                    for c in ("action", "min", "mean", "max"):
+                        t.add_column(c, justify="left" if c == "action" else "right")
+                    for c in ac["components"]:
+                        t.add_row(c["name"], f"{c['min']:.6g}", f"{c['mean']:.6g}", f"{c['max']:.6g}")
+                    console.print(t)
         st = all_stats(rs)
         if st:
             t = Table(title="latency percentiles (us)" + ("" if not n else
@@ -70,14 +80,29 @@ def print_terminal(summaries: list[dict], console=None) -> None:
         sm = rs.get("sim")
         if sm:
             acc = sm.get("accuracy")
+            acc_text = ("n/a (continuous policy)" if sm.get("policy") == "continuous"
+                        else acc if acc is None else f"{acc:.4f}")
             console.print(f"{sm.get('role') or 'sim'}: {sm.get('frames_sent')} frames sent, {sm.get('actions_received')} actions received, "
                           f"{sm.get('actions_lost')} lost, {sm.get('safe_actions')} safe, "
-                          f"accuracy {acc if acc is None else f'{acc:.4f}'}")
+                          f"accuracy {acc_text}")
+            ex = sm.get("expected")
+            if ex:
+                console.print(f"expected actions: {ex.get('compared')} compared, {ex.get('mismatches')} mismatches "
+                              f"(atol {ex.get('atol')}), max error {ex.get('max_abs_err')}")
         if n:
             v = n["verdict"]
             console.print(("[bold green]" if v["ok"] else "[bold red]") + v["text"] + "[/]")
     if len(summaries) > 1:
         print_comparison(summaries, console)
+
+
+def actions_line(ac: dict) -> str:
+    """``actions: 1000 published (990 policy, 10 safe); safe action "offset" [...]``."""
+    sa = ac.get("safe_action") or {}
+    safe_u = sa.get("u")
+    return (f"actions (continuous policy, {ac.get('n_actions')} actions: {', '.join(ac.get('names') or [])}): "
+            f"{ac.get('published')} published, {ac.get('policy')} from the policy, {ac.get('safe')} safe; "
+            f"safe action {sa.get('mode')}" + (f" {[round(v, 6) for v in safe_u]}" if safe_u else ""))
 
 
 def print_comparison(summaries, console):

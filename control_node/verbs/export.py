@@ -5,7 +5,10 @@ def register(sub):
     p = sub.add_parser("export", help="convert a recording to JSON-encoded MCAP (for Foxglove) or CSV",
                        description="Foxglove cannot decode the msgpack message encoding of `control-node record`. "
                                    "--to json-mcap writes an MCAP with message encoding json and jsonschema "
-                                   "schemas that Foxglove decodes and plots; --to csv writes one CSV per channel.")
+                                   "schemas that Foxglove decodes and plots; --to csv writes one CSV per channel. "
+                                   "A continuous policy's action vector `u` becomes one column per component "
+                                   "(CSV), named after the action names the recorded diagnostics announce, else "
+                                   "u0, u1, ...; the JSON MCAP keeps `u` and adds `u_by_name`.")
     p.add_argument("file", help="MCAP recording from `control-node record`")
     p.add_argument("--to", choices=["json-mcap", "csv"], default="json-mcap", help="output format (default: %(default)s)")
     p.add_argument("--out", help="output file (json-mcap; default FILE.json.mcap) or directory (csv; default FILE_csv/)")
@@ -16,15 +19,21 @@ SCHEMAS = {
     "/sensor": {"title": "control_node.SensorFrame", "type": "object", "properties": {
         "seq": {"type": "integer"}, "t_ns": {"type": "integer", "description": "sender CLOCK_MONOTONIC ns"},
         "x": {"type": "array", "items": {"type": "number"}},
-        "truth": {"type": "integer", "description": "simulator ground-truth class"}}},
+        "truth": {"type": "integer", "description": "simulator ground-truth class"},
+        "u_expected": {"type": "array", "items": {"type": "number"},
+                       "description": "simulator: the action a continuous policy should answer"}}},
     "/action": {"title": "control_node.Action", "type": "object", "properties": {
         "seq": {"type": "integer"}, "t_ns": {"type": "integer"}, "cycle": {"type": "integer"},
-        "action": {"type": "integer"}, "safe": {"type": "boolean"}}},
+        "action": {"type": "integer", "description": "v1 (argmax policies): class index"},
+        "u": {"type": "array", "items": {"type": "number"}, "description": "v2 (continuous policies): actions"},
+        "u_by_name": {"type": "object", "description": "v2: u by action name (added by the export)"},
+        "safe": {"type": "boolean"}}},
     "/diagnostics": {"title": "control_node.Diagnostics", "type": "object", "properties": {
         "t_ns": {"type": "integer"}, "cycles": {"type": "integer"}, "rate_hz": {"type": "number"},
         "deadline_misses": {"type": "integer"}, "stale_cycles": {"type": "integer"},
         "safe_actions": {"type": "integer"}, "superseded": {"type": "integer"}, "frames_valid": {"type": "integer"},
-        "rejected": {"type": "object"}, "window": {"type": "object"}, "rt": {"type": "object"}}},
+        "rejected": {"type": "object"}, "window": {"type": "object"}, "rt": {"type": "object"},
+        "policy": {"type": "object", "description": "kind, n_features, n_actions, action_names, safe_action"}}},
 }
 
 
@@ -43,6 +52,33 @@ def _jsonable(v):
     return v
 
 
+def action_columns(names, n, taken=()):
+    """Column names for the n components of ``u``: the action names when they are known, n of them, unique
+    and not clashing with the message's other columns; else u0..u{n-1}."""
+    if names and len(names) == n and len(set(names)) == n and not set(names) & set(taken) and all(names):
+        return [str(x) for x in names]
+    return [f"u{i}" for i in range(n)]
+
+
+def recorded_action_names(path):
+    """The action names the recording's /diagnostics announce (``policy.action_names``), or None."""
+    import msgpack
+
+    from control_node.recording import DIAGNOSTICS
+    from control_node.recording.reader import iter_messages
+    for topic, data, *_ in iter_messages(path):
+        if topic != DIAGNOSTICS:
+            continue
+        try:
+            d = msgpack.unpackb(data, raw=False, strict_map_key=False)
+        except Exception:       # noqa: BLE001 - a torn message names nothing
+            continue
+        pol = d.get("policy") if isinstance(d, dict) else None
+        if isinstance(pol, dict) and isinstance(pol.get("action_names"), list):
+            return [str(x) for x in pol["action_names"]]
+    return None
+
+
 def run(args):
     import csv
     import json
@@ -55,6 +91,7 @@ def run(args):
     if not os.path.exists(args.file):
         raise UserError(f"recording {args.file} does not exist")
     stem = args.file[:-5] if args.file.endswith(".mcap") else args.file
+    names = recorded_action_names(args.file)
     n = 0
     if args.to == "json-mcap":
         from mcap.writer import Writer
@@ -72,6 +109,8 @@ def run(args):
                                             data=json.dumps(schema).encode())
                     chans[topic] = w.register_channel(topic=topic, message_encoding="json", schema_id=sid)
                 d = _jsonable(msgpack.unpackb(data, raw=False, strict_map_key=False))
+                if topic == "/action" and isinstance(d, dict) and isinstance(d.get("u"), list):
+                    d["u_by_name"] = dict(zip(action_columns(names, len(d["u"])), d["u"]))
                 w.add_message(chans[topic], log_time=lt, publish_time=pt, sequence=sq,
                               data=json.dumps(d, allow_nan=False).encode())
                 n += 1
@@ -87,6 +126,8 @@ def run(args):
                 for k, v in d.items():
                     if k == "x" and isinstance(v, list):
                         row.update({f"x{i}": x for i, x in enumerate(v)})
+                    elif k == "u" and topic == "/action" and isinstance(v, list):
+                        row.update(zip(action_columns(names, len(v), taken=set(d) | set(row)), v))
                     elif isinstance(v, (dict, list)):
                         row[k] = json.dumps(v)
                     else:

@@ -7,7 +7,8 @@ def register(sub):
                                    "on its original schedule (scaled by --rate), and score the node's answers like "
                                    "`control-node sim`. Frames are renumbered (seq continues after a short "
                                    "handshake) and matched back to their recorded seq. --verify runs lockstep and "
-                                   "compares every action with the recorded one; exit code 1 on any mismatch.")
+                                   "compares every action with the recorded one (classes exactly, action vectors "
+                                   "`u` within --atol); exit code 1 on any mismatch.")
     p.add_argument("file", help="MCAP recording (from `control-node record`)")
     p.add_argument("--rate", type=float, default=1.0, help="speed factor: 2.0 plays twice as fast (default: 1.0)")
     p.add_argument("--lockstep", action="store_true", help="send frame i, wait for action i, then the next")
@@ -16,6 +17,9 @@ def register(sub):
     p.add_argument("--duration", type=float, help="replay only S seconds of the recording")
     p.add_argument("--verify", action="store_true",
                    help="lockstep, and compare every action with the recorded one (by seq)")
+    p.add_argument("--atol", type=float, default=1e-6,
+                   help="--verify of action vectors (continuous policies): a component matches when "
+                        "|live - recorded| <= ATOL * max(1, |recorded|) (default: %(default)s)")
     p.add_argument("--config", help="node config whose [endpoints] to use (default: the packaged node.toml)")
     p.add_argument("--tap", nargs="?", const="auto", default=None, metavar="ENDPOINT",
                    help="also publish every frame on the sensor tap (to record the replay)")
@@ -59,17 +63,29 @@ def run(args):
     finally:
         loop.close()
     settings = dict(st.settings, lockstep=lockstep, loop=args.loop, passes=passes, tap=tap)
-    summary = engine.summarize(res, loop, settings, role="replay", lockstep=lockstep)
+    summary = engine.summarize(res, loop, settings, role="replay", lockstep=lockstep, atol=args.atol)
     summary["wall_s"] = res["wall_s"]
     rc = 0
     if args.verify:
-        compared, mism = verify(st.recorded_seq, res, answers)
-        summary["verify"] = {"compared": compared, "mismatches": len(mism), "mismatched": mism[:1000]}
+        compared, mism = verify(st.recorded_seq, res, answers, atol=args.atol)
+        summary["verify"] = {"compared": compared, "mismatches": len(mism), "mismatched": mism[:1000],
+                             "atol": args.atol, "first_mismatch": mism[0] if mism else None}
         for m in mism[:50]:
             what = "no answer" if m["lost"] else f"replayed {m['replayed']}{' (safe)' if m['safe'] else ''}"
+            if "component" in m:
+                what += (f"; component {m['component']} differs by {m['diff']:.3g} > {m['tol']:.3g}"
+                         if m["component"] >= 0 else "; a different number of actions")
+            if "kind" in m:
+                what += f" ({m['kind']})"
             print(f"mismatch seq {m['seq']}: recorded {m['recorded']}, {what}")
         if len(mism) > 50:
             print(f"... and {len(mism) - 50} more")
+        if mism:
+            m = mism[0]
+            print(f"first mismatch: seq {m['seq']}"
+                  + (f", component {m['component']}: recorded {m['recorded'][m['component']]!r}, replayed "
+                     f"{m['replayed'][m['component']]!r}" if m.get("component", -1) >= 0 else
+                     f": recorded {m['recorded']}, replayed {m['replayed']}"))
         print(f"verify: {compared} actions compared, {len(mism)} mismatches")
         rc = 1 if mism else 0
         if compared == 0:

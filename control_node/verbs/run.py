@@ -5,7 +5,12 @@ def register(sub):
     p = sub.add_parser("run", help="run the node: fixed-rate loop over ZeroMQ with the compiled policy",
                        description="Load and verify the model, bind the sensor/action/diagnostics sockets, set the "
                                    "process up for real time, and run the control loop until SIGINT/SIGTERM or "
-                                   "--duration. Prints `ready ...` once cycles run, and the run directory at exit.")
+                                   "--duration. Prints `ready ...` once cycles run, and the run directory at exit. "
+                                   "An argmax policy publishes class actions (protocol v1, `action`), a continuous "
+                                   "one action vectors (v2, `u`: docs/protocol.md). [watchdog] safe_action "
+                                   "defaults to \"auto\": class 0 for an argmax policy, \"offset\" (the head's "
+                                   "action_offset) for a continuous one; also a class index, a list of floats "
+                                   "(one per action) or \"hold\".")
     p.add_argument("--config", default=None, help="TOML config (default: the packaged node.toml)")
     p.add_argument("--model", default=None, help="model file (default: [node].model, models/iris.npz)")
     p.add_argument("--duration", type=float, default=None, metavar="S", help="seconds to run (default: until a signal)")

@@ -6,6 +6,9 @@ def register(sub):
                        description="Connect a PUB to the node's sensor endpoint and a SUB to its action endpoint, "
                                    "publish frames at a fixed rate (or a recording's schedule) and score the "
                                    "closed loop: accuracy, round-trip latency, lost and safe actions. "
+                                   "Against a continuous policy (actions `u`, protocol v2) accuracy is n/a; the "
+                                   "action vectors are recorded (roundtrip.npz `u`) and, with --model, compared "
+                                   "with the policy's own answer for each frame. "
                                    "Writes summary.json and roundtrip.npz to the run directory.")
     p.add_argument("stream", nargs="?", choices=["gauss", "iris", "replay"], default="gauss",
                    help="gauss: per-class Gaussians fitted to iris, regime switching; iris: the real samples; "
@@ -26,6 +29,17 @@ def register(sub):
     g.add_argument("--drift", type=float, default=0.0, help="slow drift, feature std units per second")
     g.add_argument("--outliers", type=float, default=0.0, metavar="P", help="outlier probability per frame")
     g.add_argument("--drop", type=float, default=0.0, metavar="P", help="dropped-frame probability per frame")
+    g.add_argument("--features", default=None, metavar="N|auto",
+                   help="observation width: 4 = the iris Gaussians; other widths: three N-dimensional regimes; "
+                        "auto: the width the node's diagnostics announce (default: the --model's width, else 4)")
+    c = p.add_argument_group("continuous policies")
+    c.add_argument("--model", metavar="PATH",
+                   help="the node's model file: the gauss stream takes its width, and for a continuous policy "
+                        "every frame carries the expected action (Policy.act, sent as `u_expected`), which each "
+                        "answer is compared with")
+    c.add_argument("--atol", type=float, default=1e-6,
+                   help="an answer matches its expected action when |u - expected| <= ATOL * max(1, |expected|) "
+                        "per component (default: %(default)s)")
     p.add_argument("--tap", nargs="?", const="auto", default=None, metavar="ENDPOINT",
                    help="also publish every frame on a bound PUB 'sensor tap' for `control-node record` "
                         "(default endpoint: [endpoints].sensor_tap, else <sensor>_tap)")
@@ -33,6 +47,32 @@ def register(sub):
     p.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the node (default: %(default)s)")
     p.add_argument("--exit-code", type=int, default=None, help=argparse_suppress())
     return p
+
+
+def node_policy(eps, config, timeout_s):
+    """The node's ``policy`` map from its diagnostics stream (kind, n_features, n_actions, action_names),
+    or None when none arrives within ``timeout_s``."""
+    import time
+
+    from control_node import monitor
+    try:
+        sub = monitor.Subscriber(eps["diagnostics"], curve=monitor.curve_for("diagnostics", config))
+    except Exception:       # noqa: BLE001 - the stream's width then falls back to its default
+        return None
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            frames = sub.recv(left)
+            if frames is None:
+                return None
+            msg = monitor.decode(frames)
+            if isinstance(msg, dict) and isinstance(msg.get("policy"), dict):
+                return msg["policy"]
+    finally:
+        sub.close()
 
 
 def argparse_suppress():
@@ -51,12 +91,39 @@ def run(args):
         return args.exit_code
     from control_node.security import client_curve_from_config_path
     eps = load_endpoints(args.config)
+    policy = None
+    if args.model:
+        import os
+
+        from control_node.kernels import Policy
+        if not os.path.exists(args.model):
+            raise UserError(f"--model {args.model} does not exist. Fix: pass the node's model file")
+        policy = Policy.load(args.model)        # a bad file ends with its ModelFileError
+    n_features = None
+    if args.features == "auto":
+        info = node_policy(eps, args.config, min(2.0, args.timeout))
+        if not info:
+            raise UserError(f"--features auto: no diagnostics from the node at {eps['diagnostics']} within "
+                            f"{min(2.0, args.timeout):g} s. Fix: start the node first, or pass --features N / --model")
+        n_features = int(info["n_features"])
+        print(f"sim: the node's policy is {info.get('kind')} ({n_features} features, "
+              f"{info.get('n_actions')} actions)", flush=True)
+    elif args.features is not None:
+        try:
+            n_features = int(args.features)
+        except ValueError:
+            raise UserError(f"--features {args.features!r}: use a number of features or auto") from None
+        if n_features < 1:
+            raise UserError(f"--features {n_features}: use 1 or more")
+    elif policy is not None:
+        n_features = policy.n_features
     try:
         if args.stream == "gauss":
             duration = 5.0 if args.duration is None else args.duration
             st = streams.gauss_stream(int(duration * args.rate), rate_hz=args.rate, seed=args.seed,
                                       dwell_min=args.dwell[0], dwell_max=args.dwell[1], noise=args.noise,
-                                      drift=args.drift, outlier_prob=args.outliers, drop_prob=args.drop)
+                                      drift=args.drift, outlier_prob=args.outliers, drop_prob=args.drop,
+                                      n_features=n_features)
         elif args.stream == "iris":
             n = None if args.duration is None else int(args.duration * args.rate)
             st = streams.iris_stream(n, rate_hz=args.rate, shuffle=args.shuffle, seed=args.seed)
@@ -69,6 +136,12 @@ def run(args):
         raise UserError(str(e))
     if len(st) == 0:
         raise UserError("nothing to send (duration * rate is 0)")
+    if policy is not None:
+        if st.X.shape[1] != policy.n_features:
+            raise UserError(f"the {st.settings['kind']} stream has {st.X.shape[1]} features but --model "
+                            f"{args.model} takes {policy.n_features}")
+        if policy.continuous:
+            st.expected_u = policy.act_batch(st.X)       # NaN rows where the output is not finite
     tap = None if args.tap is None else (eps["sensor_tap"] if args.tap == "auto" else args.tap)
     run_dir = args.run_dir or engine.new_run_dir("sim")
     loop = engine.ClosedLoop(eps, tap=tap, handshake_timeout=args.timeout,
@@ -80,13 +153,23 @@ def run(args):
         with engine.Stopper() as stopper:
             try:
                 res = loop.run(st, lockstep=args.lockstep, stopper=stopper)
+            except UserError as e:      # no answer: say why when the node's diagnostics tell (a wrong width)
+                info = node_policy(eps, args.config, 0.5) if str(e).startswith("no answer") else None
+                if info and info.get("n_features") not in (None, st.X.shape[1]):
+                    raise UserError(f"{e}: the node's policy ({info.get('kind')}) takes {info['n_features']} "
+                                    f"features and this stream sends {st.X.shape[1]}, so the node rejects every "
+                                    f"frame (feature_count). Fix: --features {info['n_features']} (or auto), or "
+                                    "--model THE_NODE'S_MODEL") from None
+                raise
             except KeyboardInterrupt:
                 print("sim: interrupted before the node answered", file=sys.stderr)
                 return 130
     finally:
         loop.close()
     settings = dict(st.settings, lockstep=args.lockstep, tap=tap)
-    summary = engine.summarize(res, loop, settings, role="sim", lockstep=args.lockstep)
+    if policy is not None:
+        settings["model"] = {"path": str(args.model), "sha256": policy.sha256}
+    summary = engine.summarize(res, loop, settings, role="sim", lockstep=args.lockstep, atol=args.atol)
     engine.write_run_dir(run_dir, summary, res)
     engine.print_summary(summary, run_dir)
     return 0
