@@ -243,6 +243,8 @@ class Node:
     def _write_run_dir(self, policy, loop, rt_report, started_at, period_ns, ru0, ru1, stop_signal, hist_names,
                        info):
         import psutil
+
+        from control_node.diagnosis import machine_facts
         cfg = self.cfg
         run_id = time.strftime("%Y%m%d-%H%M%S") + f"-{os.getpid()}"
         run_dir = self.run_dir or os.path.join(cfg["node"]["run_root"], run_id)
@@ -294,6 +296,8 @@ class Node:
             "safe_action": info["safe_action"],
             "config": copy.deepcopy(cfg),
             "host": host_info(),
+            # what `control-node doctor` checks, read cheaply (no probes, no sampling) for the loop's core
+            "machine": machine_facts(cpu=(rt_report.get("cpu") or {}).get("core")),
             "process": {
                 "loop_thread": {"voluntary_ctx_switches": ru1.ru_nvcsw - ru0.ru_nvcsw,
                                 "involuntary_ctx_switches": ru1.ru_nivcsw - ru0.ru_nivcsw,

@@ -1,0 +1,8 @@
+"""Diagnosis of the machine the node runs on (node level: imports errors, endpoints, config only).
+
+:mod:`control_node.diagnosis.doctor`: ``control-node doctor``, the real-time readiness check, and
+:func:`machine_facts`, the cheap subset the node records in every run's summary.json.
+"""
+from control_node.diagnosis.doctor import exit_code, format_text, machine_facts, run_doctor
+
+__all__ = ["exit_code", "format_text", "machine_facts", "run_doctor"]
