@@ -142,6 +142,8 @@ def summary_lines(run_dir, driver):
         lines.append(f"{driver}: {sim.get('frames_sent')} frames, accuracy "
                      f"{'n/a' if acc is None else f'{acc:.4f}'}, lost {sim.get('actions_lost')}, "
                      f"round trip p50 {ms(rt.get('p50'))} p99 {ms(rt.get('p99'))}")
+        if isinstance(sim.get("control"), dict) and sim["control"].get("line"):
+            lines.append(f"{driver}: {sim['control']['line']}")          # the closed loop's score
     else:
         lines.append(f"{driver}: no summary.json")
     return lines
@@ -171,7 +173,8 @@ def _continuous(model) -> bool:
 def launch(config=None, duration=None, record=None, run_dir=None, ensure_model=None):
     """Run node + driver (+ recorder) from a launch config (default: the packaged demo.toml).
 
-    ``ensure_model(path)``: called with the node's model path before the node starts, when the config
+    ``ensure_model(path, task)``: called with the node's model path and ``[launch] train`` (the task that
+    makes the model: "iris" or "pendulum", default "iris") before the node starts, when the config
     does not give the node's own command (the CLI passes one that trains the iris policy if missing)."""
     from control_node.errors import UserError
     from control_node.config import client_endpoints as load_endpoints
@@ -190,7 +193,7 @@ def launch(config=None, duration=None, record=None, run_dir=None, ensure_model=N
     use_record = bool(rec_cfg.get("enabled", False)) if record is None else record
     eps = load_endpoints(config)
     if "command" not in node_cfg and ensure_model is not None:
-        ensure_model(model)
+        ensure_model(model, str(lc.get("train", "iris")))
     run_root = lc.get("run_root", "runs")
     run_dir = run_dir or os.path.join(run_root, time.strftime("%Y%m%d-%H%M%S") + f"-launch-{os.getpid()}")
     os.makedirs(run_dir, exist_ok=True)

@@ -117,13 +117,16 @@ def run_html(rs: dict, pngs: dict) -> str:
         rows = [[_h(k), _h(sm.get(k))] for k in ("frames_sent", "actions_received", "actions_lost", "safe_actions")]
         rows.append(["accuracy", "n/a (continuous policy)" if sm.get("policy") == "continuous"
                      else _h(sm.get("accuracy"))])
+        if isinstance(sm.get("control"), dict) and sm["control"].get("line"):
+            rows.append(["control score", _h(sm["control"]["line"].removeprefix("control: "))])
         if sm.get("expected"):
             ex = sm["expected"]
             rows.append(["expected actions", _h(f"{ex.get('compared')} compared, {ex.get('mismatches')} mismatches "
                                                 f"(atol {ex.get('atol')})")])
         parts.append("<h3>Simulator</h3>" + _table(None, rows, numeric_from=1))
     titles = {"histogram": "Latency histogram", "timeline": "Wake-up latency timeline", "phases": "Per-phase breakdown",
-              "percentiles": "Percentile distribution", "actions": "Published actions over time"}
+              "percentiles": "Percentile distribution", "actions": "Published actions over time",
+              "control": "Control trace"}
     for key, title in titles.items():
         if pngs.get(key):
             parts.append(f"<h3>{title}</h3>" + _img(pngs[key], title))

@@ -38,6 +38,7 @@ SIM_ARRAYS = {"seq": "i", "t_send_ns": "i", "t_action_ns": "i", "rtt_ns": "i", "
 EXTRA_COUNTERS = [("skipped_ticks", "skipped ticks"), ("send_failures", "send failures"),
                   ("recv_errors", "receive errors")]
 NODE_REQUIRED = ["run_id", "rate_hz", "period_ns", "cycles", "ring"]
+CONTROL_ARRAYS = {"t_s": "f", "theta": "f", "u": "f", "safe": "b"}
 SIM_REQUIRED = ["frames_sent", "actions_received"]
 
 
@@ -59,6 +60,7 @@ class SimRun:
     path: Path
     summary: dict
     arrays: dict | None  # roundtrip.npz arrays, None when absent
+    control: dict | None = None  # control.npz of a physics simulator (pendulum): t_s, theta, u, safe, t0_ns
 
 
 @dataclass
@@ -163,7 +165,9 @@ def _load_sim(d: Path, s: dict) -> SimRun:
         raise UserError(f"{d / 'summary.json'}: sim summary lacks {', '.join(missing)}")
     f = d / "roundtrip.npz"
     arrays = _read_npz(f, SIM_ARRAYS) if f.exists() else None
-    return SimRun(d, s, arrays)
+    c = d / "control.npz"
+    control = _read_npz(c, CONTROL_ARRAYS) if c.exists() else None
+    return SimRun(d, s, arrays, control)
 
 
 def _load_one(d: Path):

@@ -263,6 +263,40 @@ def _series_for(run: Run, names):
     return out
 
 
+def control_trace(control: dict, t0_ns, node_arrays, title: str) -> bytes | None:
+    """Angle and torque of a physics simulator over time, with the node's deadline misses and stale
+    cycles marked (both on CLOCK_MONOTONIC: node ticks are placed with the simulator's t0)."""
+    t, theta, u = control["t_s"], control["theta"], control["u"]
+    if t.size == 0:
+        return None
+    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(11, 5.5), sharex=True)
+    deg = np.degrees(np.angle(np.exp(1j * theta)))
+    starts, lo, hi = decimate_minmax(deg, MAX_BUCKETS)
+    tb = t[starts]
+    ax1.fill_between(tb, lo, hi, step="post", color="tab:blue", alpha=0.8, lw=0.6)
+    ax1.axhline(0, color="grey", lw=0.6)
+    ax1.set_ylabel("angle (deg, 0 = upright)")
+    _, ulo, uhi = decimate_minmax(u, MAX_BUCKETS)
+    ax2.fill_between(tb, ulo, uhi, step="post", color="tab:orange", alpha=0.8, lw=0.6)
+    ax2.set_ylabel("torque (N m)")
+    ax2.set_xlabel("time (s)")
+    if node_arrays is not None and t0_ns is not None:
+        tt = (node_arrays["t_tick_ns"] - int(t0_ns)) / 1e9
+        inside = (tt >= t[0]) & (tt <= t[-1])
+        for flag, color, label in ((rundir.FLAG_MISS, "tab:red", "deadline miss"),
+                                   (rundir.FLAG_STALE, "tab:purple", "stale (safe action)")):
+            x = tt[inside & ((node_arrays["flags"] & flag) != 0)]
+            if x.size:
+                for ax in (ax1, ax2):
+                    ax.vlines(x[:2000], 0, 1, transform=ax.get_xaxis_transform(), color=color, alpha=0.35,
+                              lw=0.8, label=label if ax is ax1 else None)
+        if ax1.get_legend_handles_labels()[0]:
+            ax1.legend(loc="upper right", fontsize=8)
+    ax1.set_title(title)
+    fig.tight_layout()
+    return _png(fig)
+
+
 def run_plots(run: Run) -> dict:
     out = {}
     label = run.label
@@ -279,6 +313,10 @@ def run_plots(run: Run) -> dict:
         n_kept = node.actions["cycle"].size
         out["actions"] = actions_plot(node.actions, f"{label}: published actions (last {n_kept} cycles, min-max per "
                                       "bucket)", names, node.arrays)
+    if run.sim is not None and run.sim.control is not None:
+        ctl = run.sim.summary.get("control") or {}
+        out["control"] = control_trace(run.sim.control, ctl.get("t0_ns"), node.arrays if node is not None else None,
+                                       f"{label}: control trace ({ctl.get('line', '')})")
     if node is not None:
         out["phases"] = phases(S.node_stats(node), f"{label}: per-phase time at each percentile")
     elif run.sim is not None and run.sim.arrays is not None:

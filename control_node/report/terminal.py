@@ -80,11 +80,13 @@ def print_terminal(summaries: list[dict], console=None) -> None:
         sm = rs.get("sim")
         if sm:
             acc = sm.get("accuracy")
-            acc_text = ("n/a (continuous policy)" if sm.get("policy") == "continuous"
-                        else acc if acc is None else f"{acc:.4f}")
+            acc_text = ("n/a (continuous policy)" if sm.get("policy") == "continuous" or sm.get("control")
+                        else "n/a" if acc is None else f"{acc:.4f}")
             console.print(f"{sm.get('role') or 'sim'}: {sm.get('frames_sent')} frames sent, {sm.get('actions_received')} actions received, "
                           f"{sm.get('actions_lost')} lost, {sm.get('safe_actions')} safe, "
                           f"accuracy {acc_text}")
+            if isinstance(sm.get("control"), dict) and sm["control"].get("line"):
+                console.print(f"{sm.get('task') or 'sim'} {sm['control']['line']}")
             ex = sm.get("expected")
             if ex:
                 console.print(f"expected actions: {ex.get('compared')} compared, {ex.get('mismatches')} mismatches "

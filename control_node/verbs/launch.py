@@ -6,38 +6,69 @@ def register(sub):
                        description="Start the node, wait for its ready line, then the simulator (or a replay) and "
                                    "optionally the recorder, each in its own process group with prefixed logs. "
                                    "Stops everything after the duration or on Ctrl-C, reports a child that dies, "
-                                   "and prints a jitter and accuracy summary. Trains the model if it is missing.")
+                                   "and prints a jitter summary and the driver's score (accuracy, or the pendulum's "
+                                   "control score). Trains the model if it is missing.")
     p.add_argument("config", nargs="?", default=None,
-                   help="launch config, also the node's config (default: the packaged demo.toml; "
-                        "`control-node launch --print-config` shows it, copy it to start your own)")
-    p.add_argument("--print-config", action="store_true", help="print the default launch config and exit")
+                   help="launch config, also the node's config: a file, or a packaged one by name: demo (the "
+                        "default: iris classifier and the gauss stream) or pendulum (a continuous policy "
+                        "balancing the pendulum simulator)")
+    p.add_argument("--print-config", action="store_true",
+                   help="print the launch config (the packaged one named, default demo) and exit: copy it to "
+                        "start your own")
     p.add_argument("--duration", type=float, help="seconds to run (default: [launch].duration, 10)")
     p.add_argument("--record", action="store_true", default=None, help="also start the recorder")
     p.add_argument("--run-dir", help="launch run directory (default: runs/<id>/)")
     return p
 
 
-def ensure_model(path):
-    """Train the iris policy into ``path`` if it is missing (the demo's first run)."""
+def ensure_model(path, task="iris"):
+    """Train the ``task``'s policy (iris or pendulum) into ``path`` if it is missing (a demo's first run)."""
     import os
 
+    from control_node.errors import UserError
     from control_node.launch import say
     if os.path.exists(path):
         return
-    say(f"model {path} is missing: training it (control-node train)")
+    if task not in ("iris", "pendulum"):
+        raise UserError(f"[launch] train = {task!r}: use \"iris\" or \"pendulum\" (the model {path} is missing)")
+    say(f"model {path} is missing: training it (control-node train --task {task})")
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    if task == "pendulum":
+        from control_node.train.pendulum import evaluate, export_verified, train_pendulum
+        spec = train_pendulum()
+        export_verified(spec, path)
+        say(f"trained {' -> '.join(map(str, spec.layer_sizes))}; offline from hanging: {evaluate(spec)[0].line()}; "
+            f"wrote {path}")
+        return
     from control_node.train.iris import export_verified, train_iris
     spec = train_iris()
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     export_verified(spec, path)
     say(f"trained {' -> '.join(map(str, spec.layer_sizes))}, test accuracy {spec.test_accuracy:.4f}; wrote {path}")
 
 
+PACKAGED = ("demo", "pendulum")
+
+
+def resolve_config(config):
+    """A path as given; a packaged config's name (``demo``, ``pendulum``, with or without .toml) when no
+    such file exists here; None for the packaged demo."""
+    import os
+
+    from control_node.endpoints import default_config
+    if config is None:
+        return default_config("demo.toml")
+    name = config[:-5] if config.endswith(".toml") else config
+    if not os.path.exists(config) and name in PACKAGED:
+        return default_config(name + ".toml")
+    return config
+
+
 def run(args):
     from control_node.launch import launch
+    config = resolve_config(args.config)
     if args.print_config:
-        from control_node.endpoints import default_config
-        with open(default_config("demo.toml")) as f:
+        with open(config) as f:
             print(f.read(), end="")
         return 0
-    return launch(args.config, duration=args.duration, record=args.record, run_dir=args.run_dir,
+    return launch(config, duration=args.duration, record=args.record, run_dir=args.run_dir,
                   ensure_model=ensure_model)

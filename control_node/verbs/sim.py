@@ -10,9 +10,11 @@ def register(sub):
                                    "action vectors are recorded (roundtrip.npz `u`) and, with --model, compared "
                                    "with the policy's own answer for each frame. "
                                    "Writes summary.json and roundtrip.npz to the run directory.")
-    p.add_argument("stream", nargs="?", choices=["gauss", "iris", "replay"], default="gauss",
+    p.add_argument("stream", nargs="?", choices=["gauss", "iris", "replay", "pendulum"], default="gauss",
                    help="gauss: per-class Gaussians fitted to iris, regime switching; iris: the real samples; "
-                        "replay FILE: an MCAP recording's /sensor stream (default: %(default)s)")
+                        "replay FILE: an MCAP recording's /sensor stream; pendulum: a torque-limited pendulum "
+                        "(RK4 physics, closed loop with a continuous policy, scored: time to upright, RMS error, "
+                        "falls) (default: %(default)s)")
     p.add_argument("file", nargs="?", help="the recording, for the replay stream")
     p.add_argument("--config", help="node config whose [endpoints] to use (default: the packaged node.toml)")
     p.add_argument("--rate", type=float, default=1000.0, help="frames per second (default: %(default)s); "
@@ -32,6 +34,17 @@ def register(sub):
     g.add_argument("--features", default=None, metavar="N|auto",
                    help="observation width: 4 = the iris Gaussians; other widths: three N-dimensional regimes; "
                         "auto: the width the node's diagnostics announce (default: the --model's width, else 4)")
+    pe = p.add_argument_group("pendulum", "observation (cos theta, sin theta, theta_dot), torque u[0] held until the "
+                                          "next action; --rate is the observation rate, --drop and --noise "
+                                          "(observation units) apply too")
+    pe.add_argument("--physics-hz", type=float, default=1000.0, help="RK4 steps per second (default: %(default)s)")
+    pe.add_argument("--delay-us", type=float, default=0.0,
+                    help="added transport delay: an action is applied this long after it arrives (default: 0)")
+    pe.add_argument("--theta0", type=float, default=3.141592653589793,
+                    help="start angle in rad, 0 = upright (default: pi, hanging)")
+    pe.add_argument("--push-every", type=float, default=0.0, metavar="S",
+                    help="push the pendulum every S seconds (default: never)")
+    pe.add_argument("--push", type=float, default=2.0, help="push size: added theta_dot in rad/s (default: %(default)s)")
     c = p.add_argument_group("continuous policies")
     c.add_argument("--model", metavar="PATH",
                    help="the node's model file: the gauss stream takes its width, and for a continuous policy "
@@ -91,6 +104,8 @@ def run(args):
         return args.exit_code
     from control_node.security import client_curve_from_config_path
     eps = load_endpoints(args.config)
+    if args.stream == "pendulum":
+        return _pendulum(args, eps, client_curve_from_config_path(args.config))
     policy = None
     if args.model:
         import os
@@ -172,4 +187,46 @@ def run(args):
     summary = engine.summarize(res, loop, settings, role="sim", lockstep=args.lockstep, atol=args.atol)
     engine.write_run_dir(run_dir, summary, res)
     engine.print_summary(summary, run_dir)
+    return 0
+
+
+def _pendulum(args, eps, curve):
+    import sys
+
+    from control_node.errors import UserError
+    from control_node.sim import engine
+    from control_node.sim.pendulum_client import PendulumClient, summarize, write_run_dir
+    if args.model:
+        from control_node.kernels.model_file import load_model
+        spec = load_model(args.model)
+        if spec.layer_sizes[0] != 3 or spec.head != "continuous":
+            raise UserError(f"--model {args.model} is not a pendulum policy (takes {spec.layer_sizes[0]} "
+                            f"observations, {spec.head} head); the pendulum sends 3 and needs a torque")
+    rate = args.rate
+    client = PendulumClient(eps, curve=curve, rate_hz=rate, physics_hz=args.physics_hz, delay_us=args.delay_us,
+                            drop=args.drop, noise=args.noise, push_every_s=args.push_every, push=args.push,
+                            seed=args.seed, handshake_timeout=args.timeout)
+    duration = 10.0 if args.duration is None else args.duration
+    run_dir = args.run_dir or engine.new_run_dir("sim")
+    print(f"sim: pendulum, {duration:g} s, physics {args.physics_hz:g} Hz, observations {rate:g} Hz, "
+          f"added delay {args.delay_us:g} us; sensor={eps['sensor']} action={eps['action']}", flush=True)
+    try:
+        with engine.Stopper() as stopper:
+            try:
+                res = client.run(duration_s=duration, theta0=args.theta0, stopper=stopper)
+            except KeyboardInterrupt:
+                print("sim: interrupted before the node answered", file=sys.stderr)
+                return 130
+    finally:
+        client.close()
+    settings = {"kind": "pendulum", "rate_hz": rate, "physics_hz": args.physics_hz, "delay_us": args.delay_us,
+                "drop": args.drop, "noise": args.noise, "theta0": args.theta0, "push_every_s": args.push_every,
+                "push": args.push, "seed": args.seed, "duration_s": duration}
+    summary = summarize(res, settings)
+    write_run_dir(run_dir, summary, res)
+    rt = summary["round_trip_ns"]
+    print(f"frames sent {summary['frames_sent']}, answered {summary['frames_answered']}, safe actions "
+          f"{summary['safe_actions']}; round trip p50 {engine.fmt_ms(rt['p50'])} p99 {engine.fmt_ms(rt['p99'])}")
+    print(summary["control"]["line"])
+    print(f"run directory: {run_dir}", flush=True)
     return 0

@@ -1,0 +1,204 @@
+"""`control-node sim pendulum`: the pendulum as a robot on the wire, closed loop with a real node.
+
+The physics (``pendulum.py``) steps with RK4 at ``physics_hz`` on an absolute schedule. Every
+``physics_hz / rate_hz`` steps it publishes an observation frame ``{"seq", "t_ns", "x": [cos, sin, theta_dot]}``
+(protocol docs/protocol.md) and, every step, drains the node's actions: the newest action's ``u[0]`` is the
+torque, held until the next one arrives -- as a motor driver holds its last command. Optional: an added
+transport delay (``delay_us``: an action is applied that long after it arrived), dropped frames, sensor
+noise on the observation, periodic pushes (an impulse on theta_dot). The run is scored (time to upright,
+RMS angle error after settling, effort, falls) and written to a run directory the report reads.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+
+import numpy as np
+
+from control_node import rundir
+from control_node.errors import UserError
+from control_node.sim import pendulum as P
+
+
+def _deriv(theta, omega, u):
+    return omega, 3 * P.G / (2 * P.L) * math.sin(theta) + 3.0 / (P.M * P.L * P.L) * u
+
+
+def _rk4(theta, omega, u, dt):
+    """One RK4 step in plain floats (the numpy version in pendulum.py is the reference for tests)."""
+    u = max(-P.MAX_TORQUE, min(P.MAX_TORQUE, u))
+    k1 = _deriv(theta, omega, u)
+    k2 = _deriv(theta + 0.5 * dt * k1[0], omega + 0.5 * dt * k1[1], u)
+    k3 = _deriv(theta + 0.5 * dt * k2[0], omega + 0.5 * dt * k2[1], u)
+    k4 = _deriv(theta + dt * k3[0], omega + dt * k3[1], u)
+    theta += dt / 6.0 * (k1[0] + 2 * k2[0] + 2 * k3[0] + k4[0])
+    omega += dt / 6.0 * (k1[1] + 2 * k2[1] + 2 * k3[1] + k4[1])
+    return math.remainder(theta, 2 * math.pi), max(-P.MAX_SPEED, min(P.MAX_SPEED, omega))
+
+
+class PendulumClient:
+    """A PUB to the node's sensor endpoint and a SUB to its actions, driving the pendulum physics."""
+
+    def __init__(self, endpoints, curve=None, rate_hz=1000.0, physics_hz=1000.0, delay_us=0.0, drop=0.0,
+                 noise=0.0, push_every_s=0.0, push=0.0, seed=0, handshake_timeout=10.0):
+        import zmq
+
+        from control_node.security import configure_client
+        if physics_hz % rate_hz and abs(physics_hz / rate_hz - round(physics_hz / rate_hz)) > 1e-9:
+            raise UserError(f"--rate {rate_hz:g} must divide the physics rate {physics_hz:g} Hz")
+        self.zmq = zmq
+        ctx = zmq.Context.instance()
+        self.pub = ctx.socket(zmq.PUB)
+        self.pub.setsockopt(zmq.LINGER, 200)
+        configure_client(self.pub, curve)
+        self.pub.connect(endpoints["sensor"])
+        self.sub = ctx.socket(zmq.SUB)
+        self.sub.setsockopt(zmq.LINGER, 0)
+        self.sub.setsockopt(zmq.RCVHWM, 100000)
+        self.sub.setsockopt(zmq.SUBSCRIBE, b"")
+        configure_client(self.sub, curve)
+        self.sub.connect(endpoints["action"])
+        self.endpoints = endpoints
+        self.rate_hz, self.physics_hz = float(rate_hz), float(physics_hz)
+        self.delay_ns = int(delay_us * 1000)
+        self.drop, self.noise = float(drop), float(noise)
+        self.push_every_s, self.push = float(push_every_s), float(push)
+        self.rng = np.random.default_rng(seed)
+        self.handshake_timeout = handshake_timeout
+        self.seed = seed
+
+    def close(self):
+        self.pub.close()
+        self.sub.close()
+
+    def _handshake(self, x0, stopper):
+        """Send the first observation every 20 ms until an action answers one (ZeroMQ's slow joiner)."""
+        import msgpack
+        deadline = time.monotonic() + self.handshake_timeout
+        seq = 0
+        while time.monotonic() < deadline:
+            if stopper is not None and stopper.stop:
+                raise KeyboardInterrupt
+            self.pub.send(msgpack.packb({"seq": seq, "t_ns": time.monotonic_ns(), "x": x0, "warmup": True}))
+            seq += 1
+            t_end = time.monotonic() + 0.02
+            while time.monotonic() < t_end:
+                if not self.sub.poll(5):
+                    continue
+                a = msgpack.unpackb(self.sub.recv())
+                if 0 <= a.get("seq", -1) < seq:
+                    if "u" not in a:
+                        raise UserError("the node answers with a class index ('action'), not an action vector "
+                                        "('u'): the pendulum needs a continuous policy. Fix: run the node with "
+                                        "--model models/pendulum.npz (control-node train --task pendulum)")
+                    return seq
+        raise UserError(f"no answer from a node within {self.handshake_timeout:g} s (sensor "
+                        f"{self.endpoints['sensor']}, action {self.endpoints['action']}); is it running?")
+
+    def run(self, duration_s=10.0, theta0=math.pi, omega0=0.0, stopper=None):
+        """Closed loop for ``duration_s`` seconds; returns the trace and counters (numpy arrays)."""
+        import msgpack
+        zmq = self.zmq
+        dt = 1.0 / self.physics_hz
+        every = int(round(self.physics_hz / self.rate_hz))
+        n = int(round(duration_s * self.physics_hz))
+        theta, omega = float(P.wrap(theta0)), float(omega0)
+        seq = self._handshake([math.cos(theta), math.sin(theta), omega], stopper)
+        while self.sub.poll(0):               # the handshake's leftovers
+            self.sub.recv()
+        first_seq = seq
+        n_frames = (n + every - 1) // every
+        t_send = np.full(n_frames, -1, dtype=np.int64)
+        t_ans = np.full(n_frames, -1, dtype=np.int64)
+        u_ans = np.full(n_frames, np.nan)
+        safe_ans = np.zeros(n_frames, dtype=bool)
+        tr_t, tr_theta, tr_u = np.empty(n), np.empty(n), np.empty(n)
+        tr_safe = np.zeros(n, dtype=bool)
+        pending = []                           # (due ns, torque, safe)
+        u_cmd, cmd_safe = 0.0, False
+        actions = safe_actions = dropped = 0
+        push_steps = int(round(self.push_every_s * self.physics_hz)) if self.push_every_s > 0 else 0
+        unpack, recv, poll = msgpack.unpackb, self.sub.recv, self.sub.poll
+        t0 = time.monotonic_ns() + 2_000_000
+        for k in range(n):
+            due = t0 + int(k * dt * 1e9)
+            while True:                        # sleep, then spin the last 100 us
+                left = due - time.monotonic_ns()
+                if left <= 0:
+                    break
+                if left > 150_000:
+                    time.sleep((left - 100_000) / 1e9)
+            now = time.monotonic_ns()
+            while poll(0):                     # drain every action that arrived
+                try:
+                    a = unpack(recv(zmq.NOBLOCK))
+                except zmq.Again:
+                    break
+                actions += 1
+                u = a.get("u")
+                if not u:
+                    continue
+                s = a.get("seq", -1) - first_seq
+                if 0 <= s < n_frames and t_ans[s] < 0:
+                    t_ans[s], u_ans[s], safe_ans[s] = now, float(u[0]), bool(a.get("safe"))
+                safe_actions += bool(a.get("safe"))
+                pending.append((now + self.delay_ns, float(u[0]), bool(a.get("safe"))))
+            while pending and pending[0][0] <= now:
+                _, u_cmd, cmd_safe = pending.pop(0)
+            if k % every == 0:
+                f = k // every
+                obs = [math.cos(theta), math.sin(theta), omega]
+                if self.noise:
+                    obs = [v + float(e) for v, e in zip(obs, self.rng.normal(0, self.noise, 3))]
+                if self.drop and self.rng.random() < self.drop:
+                    dropped += 1
+                else:
+                    t_send[f] = time.monotonic_ns()
+                    self.pub.send(msgpack.packb({"seq": first_seq + f, "t_ns": int(t_send[f]), "x": obs}))
+            if push_steps and k and k % push_steps == 0:
+                omega = max(-P.MAX_SPEED, min(P.MAX_SPEED, omega + self.push))
+            tr_t[k], tr_theta[k], tr_u[k], tr_safe[k] = k * dt, theta, max(-P.MAX_TORQUE, min(P.MAX_TORQUE, u_cmd)), cmd_safe
+            theta, omega = _rk4(theta, omega, u_cmd, dt)
+            if stopper is not None and stopper.stop:
+                n = k + 1
+                break
+        sent = t_send >= 0
+        answered = sent & (t_ans >= 0)
+        return {"t_s": tr_t[:n], "theta": tr_theta[:n], "u": tr_u[:n], "safe": tr_safe[:n],
+                "seq": np.arange(n_frames, dtype=np.int64) + first_seq, "t_send_ns": t_send, "t_action_ns": t_ans,
+                "rtt_ns": np.where(answered, t_ans - t_send, -1), "u_answer": u_ans, "safe_answer": safe_ans,
+                "frames_sent": int(sent.sum()), "frames_answered": int(answered.sum()), "dropped": dropped,
+                "actions_received": actions, "safe_actions": safe_actions, "seq_base": first_seq, "t0_ns": t0}
+
+
+def summarize(res, settings):
+    """summary.json of a pendulum run (role "sim", task "pendulum")."""
+    from control_node.sim.engine import percentiles
+    sc = P.score(res["t_s"], res["theta"], res["u"])
+    rtt = res["rtt_ns"][res["rtt_ns"] >= 0]
+    return {
+        "role": "sim", "task": "pendulum", "format": rundir.SUMMARY_FORMAT,
+        "frames_sent": res["frames_sent"], "frames_answered": res["frames_answered"],
+        "frames_dropped": res["dropped"], "actions_received": res["actions_received"],
+        "actions_lost": int(res["frames_sent"] - res["frames_answered"]), "safe_actions": res["safe_actions"],
+        "accuracy": None, "round_trip_ns": percentiles(rtt), "seq_base": res["seq_base"],
+        "control": {"time_to_upright_s": sc.time_to_upright_s, "rms_error_rad": sc.rms_error_rad,
+                    "effort": sc.effort, "falls": sc.falls, "duration_s": sc.duration_s, "line": sc.line(),
+                    "upright_rad": P.UPRIGHT_RAD,
+                    "t0_ns": int(res["t0_ns"])},          # CLOCK_MONOTONIC of t_s = 0 (the node's clock too)
+        "stream": settings,
+    }
+
+
+def write_run_dir(run_dir, summary, res):
+    os.makedirs(run_dir, exist_ok=True)
+    with open(os.path.join(run_dir, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=2)
+        f.write("\n")
+    n = len(res["seq"])
+    np.savez(os.path.join(run_dir, "roundtrip.npz"), seq=res["seq"], t_send_ns=res["t_send_ns"],
+             t_action_ns=res["t_action_ns"], rtt_ns=res["rtt_ns"], truth=np.full(n, -1, np.int16),
+             action=np.full(n, -1, np.int16), safe=res["safe_answer"], u=res["u_answer"][:, None])
+    np.savez(os.path.join(run_dir, "control.npz"), t_s=res["t_s"], theta=res["theta"], u=res["u"], safe=res["safe"])

@@ -1,0 +1,74 @@
+"""The pendulum through a real node: `control-node launch` with the packaged pendulum config's children
+(the node at 1 kHz, `sim pendulum` over ipc), scored; a large added transport delay makes it fail
+visibly; the report shows the control trace."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from control_node.bench.harness import CHILD_CWD, child_env, make_endpoint_dir
+from control_node.endpoints import default_config
+
+
+@pytest.fixture(scope="module")
+def pendulum_model(tmp_path_factory):
+    from control_node.train.pendulum import export_verified, train_pendulum
+    path = tmp_path_factory.mktemp("pendulum") / "pendulum.npz"
+    export_verified(train_pendulum(), path)
+    return path
+
+
+def launch_config(tmp_path, model, sim_args):
+    """The packaged pendulum.toml with private endpoints, this model and these sim arguments."""
+    import tomllib
+    with open(default_config("pendulum.toml"), "rb") as f:
+        cfg = tomllib.load(f)
+    ep = make_endpoint_dir()
+    lines = [f'[node]\nmodel = "{model}"\n', "[endpoints]\n"]
+    lines += [f'{k} = "ipc://{ep}/{k}"\n' for k in ("sensor", "action", "diagnostics")]
+    lines.append(f"[loop]\nrate_hz = {cfg['loop']['rate_hz']}\n")
+    lines.append(f"[watchdog]\nstale_after_ms = {cfg['watchdog']['stale_after_ms']}\n"
+                 f'safe_action = "{cfg["watchdog"]["safe_action"]}"\n')
+    lines.append('[children.sim]\nargs = [' + ", ".join(f'"{a}"' for a in sim_args) + "]\n")
+    path = tmp_path / "pendulum.toml"
+    path.write_text("".join(lines))
+    return path
+
+
+def run_launch(cfg, run_dir, duration):
+    r = subprocess.run([sys.executable, "-m", "control_node", "launch", str(cfg), "--duration", str(duration),
+                        "--run-dir", str(run_dir)], cwd=CHILD_CWD, env=child_env(), capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    with open(os.path.join(run_dir, "sim", "summary.json")) as f:
+        return r.stdout, json.load(f)
+
+
+def test_pendulum_swings_up_and_balances_through_a_real_node(tmp_path, pendulum_model):
+    out, s = run_launch(launch_config(tmp_path, pendulum_model, ["pendulum"]), tmp_path / "run", 8.0)
+    c = s["control"]
+    print(c["line"])
+    assert "control: upright after" in out                     # launch's closing summary has the score
+    assert c["time_to_upright_s"] is not None and c["time_to_upright_s"] < 6.0, c
+    assert c["falls"] == 0 and c["rms_error_rad"] < 0.1, c
+    assert s["frames_answered"] >= 0.9 * s["frames_sent"]
+    r = subprocess.run([sys.executable, "-m", "control_node", "report", str(tmp_path / "run"), "--out",
+                        str(tmp_path / "rep")], cwd=CHILD_CWD, env=child_env(), capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "control: upright after" in r.stdout
+    assert (tmp_path / "rep" / "control.png").stat().st_size > 10_000
+    assert "Control trace" in (tmp_path / "rep" / "report.html").read_text()
+
+
+def test_a_large_added_delay_fails_visibly(tmp_path, pendulum_model):
+    out, s = run_launch(launch_config(tmp_path, pendulum_model, ["pendulum", "--delay-us", "300000"]),
+                        tmp_path / "run", 7.0)
+    c = s["control"]
+    print(c["line"])
+    assert s["stream"]["delay_us"] == 300000
+    assert c["time_to_upright_s"] is None or c["falls"] > 0, c
