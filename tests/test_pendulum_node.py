@@ -55,7 +55,11 @@ def test_pendulum_swings_up_and_balances_through_a_real_node(tmp_path, pendulum_
     assert "control: upright after" in out                     # launch's closing summary has the score
     assert c["time_to_upright_s"] is not None and c["time_to_upright_s"] < 6.0, c
     assert c["falls"] == 0 and c["rms_error_rad"] < 0.1, c
-    assert s["frames_answered"] >= 0.9 * s["frames_sent"]
+    # frames at 1 kHz meet ticks at 1 kHz out of phase: after a stall two can land in one tick, and the
+    # node answers the newer one and counts the other as superseded (its own record explains it)
+    with open(tmp_path / "run" / "node" / "summary.json") as f:
+        node = json.load(f)
+    assert s["frames_answered"] + node["superseded"] >= 0.95 * s["frames_sent"], (s["frames_answered"], node["superseded"])
     r = subprocess.run([sys.executable, "-m", "control_node", "report", str(tmp_path / "run"), "--out",
                         str(tmp_path / "rep")], cwd=CHILD_CWD, env=child_env(), capture_output=True, text=True,
                        timeout=120)
