@@ -4,7 +4,7 @@ Imports nothing of control_node outside this package (tests/test_architecture.py
 from control_node.kernels._policy import Policy
 from control_node.kernels.model_file import ACTIVATIONS, ModelFileError, ModelSpec, load_model, save_model
 from control_node.kernels.reference import (ConsistencyError, check_consistency, reference_act, reference_logits,
-                                            reference_predict)
+                                            reference_predict, reference_sequence)
 
 __all__ = ["Policy", "ModelSpec", "ModelFileError", "ConsistencyError", "ACTIVATIONS", "load_model", "save_model",
-           "check_consistency", "reference_act", "reference_logits", "reference_predict"]
+           "check_consistency", "reference_act", "reference_logits", "reference_predict", "reference_sequence"]

@@ -8,6 +8,14 @@ The nogil entry points allocate nothing and touch no Python object:
   then garbage: the caller must act safely); an argmax policy writes the class index to ``u[0]`` and
   returns it (-1: not finite).
 - ``Policy.predict_ptr(x)``: argmax policies: the class index, or -1 when the logits are not finite.
+
+Recurrent policies (``Policy.hidden_size > 0``): every ``act_ptr`` / ``predict_ptr`` call is one step:
+it advances the state the Policy owns (h, c in its own aligned buffers). A step whose new state is not
+finite zeroes the state, adds 1 to ``Policy.state_resets_nonfinite`` (a plain C field: read it from the
+loop without the GIL) and returns -1 (act safely; the next step starts from the zero state).
+
+- ``Policy.reset_ptr()``: zero the recurrent state (a no-op for a feed-forward policy). Call it when the
+  policy (re)starts: at activation, after a hold / safe period, at an episode start.
 """
 from libc.stdint cimport int64_t
 
@@ -41,6 +49,21 @@ cdef extern from "mlp_core.h" nogil:
         const double *act_hi
         const double *act_off
         const double *act_scale
+        int rnn
+        int n_obs
+        double *xin
+        int H
+        int pH
+        int pg
+        const double *Wx
+        const double *Wh
+        const double *bx
+        const double *bh
+        double *gx
+        double *gh
+        double *h
+        double *c
+        int64_t *resets
 
     ctypedef struct mlp_f32:
         int n_layers
@@ -68,6 +91,21 @@ cdef extern from "mlp_core.h" nogil:
         const double *act_hi
         const double *act_off
         const double *act_scale
+        int rnn
+        int n_obs
+        float *xin
+        int H
+        int pH
+        int pg
+        const float *Wx
+        const float *Wh
+        const float *bx
+        const float *bh
+        float *gx
+        float *gh
+        float *h
+        float *c
+        int64_t *resets
 
     int mlp_small_shape(int n_layers, int n_in, int n_hidden, int n_out, int itemsize)
     void mlp_f64_init(mlp_f64 *m)
@@ -75,6 +113,12 @@ cdef extern from "mlp_core.h" nogil:
     const char *mlp_isa()
     enum: MLP_HEAD_ARGMAX
     enum: MLP_HEAD_CONTINUOUS
+    enum: MLP_RNN_NONE
+    enum: MLP_RNN_LSTM
+    enum: MLP_RNN_GRU
+    enum: MLP_PANEL_BYTES
+    void mlp_f64_reset(mlp_f64 *m)
+    void mlp_f32_reset(mlp_f32 *m)
     int mlp_f64_act(mlp_f64 *m, const double *x, double *u)
     int mlp_f32_act(mlp_f32 *m, const double *x, double *u)
     int mlp_f64_forward(mlp_f64 *m, const double *x)
@@ -104,8 +148,12 @@ cdef class Policy:
 
     cdef object _u               # act()'s output buffer (float64, n_actions)
     cdef double *_u_ptr
+    cdef readonly int hidden_size                    # H of the recurrent layer, 0 without one
+    cdef readonly int64_t state_resets_nonfinite     # steps whose state was not finite (reset to zero)
+    cdef object _state           # (h, c): the recurrent state buffers (c None for a GRU), or None
 
     cdef int act_ptr(self, const double *x, double *u) noexcept nogil
+    cdef void reset_ptr(self) noexcept nogil
     cdef int predict_ptr(self, const double *x) noexcept nogil
     cdef const void *logits_ptr(self) noexcept nogil
     cdef const double *_input_ptr(self, object x) except NULL

@@ -43,7 +43,7 @@ def _choose_dot_form(int n_in, int n_out, int itemsize):
 
 
 cdef class Policy:
-    """A loaded policy: pre-process -> (Dense + activation) * layers -> head (argmax or continuous).
+    """A loaded policy: pre-process -> [LSTM / GRU] -> (Dense + activation) * layers -> head (argmax or continuous).
 
     Build with :meth:`Policy.load` (reads a model file, or imports an ``.onnx`` / TorchScript file, and
     verifies the kernel against the numpy reference) or ``Policy(spec)`` from a
@@ -52,6 +52,13 @@ cdef class Policy:
 
     Inputs are raw (un-normalised) float64 observations of shape ``(n_features,)``; actions are float64
     of shape ``(n_actions,)`` (an argmax policy has one: the class index).
+
+    Recurrent policies (``recurrent`` 'lstm' / 'gru', ``hidden_size`` H): the Policy owns the state (h, c in
+    64-byte aligned buffers allocated here) and every call (``act``, ``act_into``, ``act_bound``, ``act_ptr``,
+    ``predict*``, ``logits``; ``act_batch`` / ``predict_batch`` run their rows as one sequence) is one step
+    that advances it. ``reset()`` (``reset_ptr()`` from C, nogil) zeroes it; a new Policy starts from zero.
+    A step whose new state is not finite resets the state to zero, counts it in
+    ``state_resets_nonfinite`` and gives no action (-1 / NaN actions); the next step starts from zero.
     """
 
     def __cinit__(self, spec):
@@ -65,16 +72,17 @@ cdef class Policy:
         self._is_f32 = spec.dtype == "float32"
         dtype = np.float32 if self._is_f32 else np.float64
         cdef int lanes = BLOCK_BYTES // np.dtype(dtype).itemsize
-        dims = [spec.layers[0][0].shape[0]] + [W.shape[1] for W, _ in spec.layers]
-        self.n_features = dims[0]
+        dims = [spec.layers[0][0].shape[0]] + [W.shape[1] for W, _ in spec.layers]   # the dense stack
+        n_obs = spec.n_features           # dims[0], or the recurrent layer's input width
+        self.n_features = n_obs
         self.n_classes = dims[n_layers]
         arrays = []
         # padded to 64 bytes for vector loads: pad lanes normalise to (0 - 0) / 1 = 0
-        mean = _aligned_zeros(_pad(dims[0], BLOCK_BYTES // 8), np.float64)
-        scale = _aligned_zeros(_pad(dims[0], BLOCK_BYTES // 8), np.float64)
-        mean[:dims[0]] = spec.mean
+        mean = _aligned_zeros(_pad(n_obs, BLOCK_BYTES // 8), np.float64)
+        scale = _aligned_zeros(_pad(n_obs, BLOCK_BYTES // 8), np.float64)
+        mean[:n_obs] = spec.mean
         scale[:] = 1.0
-        scale[:dims[0]] = spec.scale
+        scale[:n_obs] = spec.scale
         arrays += [mean, scale]
         acts = [_aligned_zeros(_pad(d, lanes), dtype) for d in dims]
         arrays += acts
@@ -82,7 +90,7 @@ cdef class Policy:
         cdef cnp.ndarray Wp, bp, act
         itemsize = np.dtype(dtype).itemsize
         # small one-hidden-layer policies run compile-time-shaped kernels that take this layout
-        small = mlp_small_shape(n_layers, dims[0], dims[1], dims[n_layers], itemsize)
+        small = mlp_small_shape(n_layers, dims[0], dims[1], dims[n_layers], itemsize) and not spec.recurrent
         for l in range(n_layers):
             W, b = spec.layers[l]
             n_in, n_out = W.shape
@@ -145,7 +153,6 @@ cdef class Policy:
             self._m32.act_hi = <const double *> cnp.PyArray_DATA(q1)
             self._m32.act_off = <const double *> cnp.PyArray_DATA(q2)
             self._m32.act_scale = <const double *> cnp.PyArray_DATA(q3)
-            mlp_f32_init(&self._m32)        # picks ISA and, for small shapes, a specialised kernel
         else:
             self._m64.n_layers = n_layers
             self._m64.mean = <const double *> cnp.PyArray_DATA(mean)
@@ -165,6 +172,20 @@ cdef class Policy:
             self._m64.act_hi = <const double *> cnp.PyArray_DATA(q1)
             self._m64.act_off = <const double *> cnp.PyArray_DATA(q2)
             self._m64.act_scale = <const double *> cnp.PyArray_DATA(q3)
+        self.state_resets_nonfinite = 0
+        self.hidden_size = 0
+        self._state = None
+        if self._is_f32:
+            self._m32.n_obs = n_obs
+            self._m32.xin = self._m32.act[0]
+        else:
+            self._m64.n_obs = n_obs
+            self._m64.xin = self._m64.act[0]
+        if spec.recurrent:
+            arrays += self._setup_recurrent(spec, dtype, lanes, acts[0])
+        if self._is_f32:
+            mlp_f32_init(&self._m32)        # picks ISA and, for small shapes, a specialised kernel
+        else:
             mlp_f64_init(&self._m64)
         self.n_actions = spec.n_actions
         self._u = _aligned_zeros(_pad(self.n_actions, 8), np.float64)
@@ -172,6 +193,69 @@ cdef class Policy:
         self._arrays = (arrays, acts[n_layers][:self.n_classes])
         self._bound = None
         self._bound_ptr = NULL
+
+    def _setup_recurrent(self, spec, dtype, int lanes, h_buf):
+        """Lay the recurrent layer out for the kernel (mlp_core.h): gate block g of pH = H padded to 64 bytes at
+        columns g*pH.., G*pH padded to pg (whole 256-byte panels); Wx (n_obs, pg) and Wh (H, pg) in axpy form,
+        stored panel by panel ((pg / PW, n_in, PW)); biases (pg,) in the same columns; the gx / gh scratch, the
+        state h (= the dense stack's input buffer) and c. Returns the arrays to keep alive."""
+        from control_node.kernels.model_file import RECURRENT
+        cdef int H = spec.hidden_size, G = len(RECURRENT[spec.recurrent]), n_obs = spec.n_features
+        cdef int pH = _pad(H, lanes)
+        cdef int PW = MLP_PANEL_BYTES // np.dtype(dtype).itemsize
+        cdef int pg = _pad(G * pH, PW)
+        cdef cnp.ndarray Wx = _aligned_zeros(n_obs * pg, dtype)
+        cdef cnp.ndarray Wh = _aligned_zeros(H * pg, dtype)
+        cdef cnp.ndarray bx = _aligned_zeros(pg, dtype)
+        cdef cnp.ndarray bh = _aligned_zeros(pg, dtype)
+        cdef cnp.ndarray gx = _aligned_zeros(pg, dtype)
+        cdef cnp.ndarray gh = _aligned_zeros(pg, dtype)
+        cdef cnp.ndarray xin = _aligned_zeros(_pad(n_obs, lanes), dtype)
+        cdef cnp.ndarray hb = h_buf
+        cdef cnp.ndarray cb = _aligned_zeros(pH, dtype)
+        Wx_cols, Wh_cols = np.zeros((n_obs, pg), dtype), np.zeros((H, pg), dtype)     # row-major, then paneled
+        for g in range(G):           # torch rows g*H .. (g+1)*H - 1 are gate g
+            Wx_cols[:, g * pH:g * pH + H] = spec.rnn_W_ih[g * H:(g + 1) * H, :].T
+            Wh_cols[:, g * pH:g * pH + H] = spec.rnn_W_hh[g * H:(g + 1) * H, :].T
+            bx[g * pH:g * pH + H] = spec.rnn_b_ih[g * H:(g + 1) * H]
+            bh[g * pH:g * pH + H] = spec.rnn_b_hh[g * H:(g + 1) * H]
+        Wx.reshape(pg // PW, n_obs, PW)[:] = Wx_cols.reshape(n_obs, pg // PW, PW).transpose(1, 0, 2)
+        Wh.reshape(pg // PW, H, PW)[:] = Wh_cols.reshape(H, pg // PW, PW).transpose(1, 0, 2)
+        lstm = spec.recurrent == "lstm"
+        kind = MLP_RNN_LSTM if lstm else MLP_RNN_GRU
+        if self._is_f32:
+            self._m32.rnn = kind
+            self._m32.H = H
+            self._m32.pH = pH
+            self._m32.pg = pg
+            self._m32.xin = <float *> cnp.PyArray_DATA(xin)
+            self._m32.Wx = <const float *> cnp.PyArray_DATA(Wx)
+            self._m32.Wh = <const float *> cnp.PyArray_DATA(Wh)
+            self._m32.bx = <const float *> cnp.PyArray_DATA(bx)
+            self._m32.bh = <const float *> cnp.PyArray_DATA(bh)
+            self._m32.gx = <float *> cnp.PyArray_DATA(gx)
+            self._m32.gh = <float *> cnp.PyArray_DATA(gh)
+            self._m32.h = <float *> cnp.PyArray_DATA(hb)
+            self._m32.c = <float *> cnp.PyArray_DATA(cb) if lstm else NULL
+            self._m32.resets = &self.state_resets_nonfinite
+        else:
+            self._m64.rnn = kind
+            self._m64.H = H
+            self._m64.pH = pH
+            self._m64.pg = pg
+            self._m64.xin = <double *> cnp.PyArray_DATA(xin)
+            self._m64.Wx = <const double *> cnp.PyArray_DATA(Wx)
+            self._m64.Wh = <const double *> cnp.PyArray_DATA(Wh)
+            self._m64.bx = <const double *> cnp.PyArray_DATA(bx)
+            self._m64.bh = <const double *> cnp.PyArray_DATA(bh)
+            self._m64.gx = <double *> cnp.PyArray_DATA(gx)
+            self._m64.gh = <double *> cnp.PyArray_DATA(gh)
+            self._m64.h = <double *> cnp.PyArray_DATA(hb)
+            self._m64.c = <double *> cnp.PyArray_DATA(cb) if lstm else NULL
+            self._m64.resets = &self.state_resets_nonfinite
+        self.hidden_size = H
+        self._state = (hb, cb if lstm else None)
+        return [Wx, Wh, bx, bh, gx, gh, xin, cb]
 
     @classmethod
     def load(cls, path, *, verify=True):
@@ -200,6 +284,13 @@ cdef class Policy:
         if self._is_f32:
             return mlp_f32_act(&self._m32, x, u)
         return mlp_f64_act(&self._m64, x, u)
+
+    cdef void reset_ptr(self) noexcept nogil:
+        """Zero the recurrent state (nothing for a feed-forward policy)."""
+        if self._is_f32:
+            mlp_f32_reset(&self._m32)
+        else:
+            mlp_f64_reset(&self._m64)
 
     cdef int predict_ptr(self, const double *x) noexcept nogil:
         if self._is_f32:
@@ -272,7 +363,8 @@ cdef class Policy:
                         f"got {type(out).__name__} {getattr(out, 'dtype', '')} {getattr(out, 'shape', '')}")
 
     def act_batch(self, X):
-        """Actions per row of ``X`` (n, n_features) -> float64 (n, n_actions); NaN rows where not finite."""
+        """Actions per row of ``X`` (n, n_features) -> float64 (n, n_actions); NaN rows where not finite.
+        A recurrent policy runs the rows as one sequence (its state advances row by row)."""
         cdef cnp.ndarray Xa = np.ascontiguousarray(X, dtype=np.float64)
         if Xa.ndim != 2 or Xa.shape[1] != self.n_features:
             X_shape = (<object> Xa).shape
@@ -368,6 +460,43 @@ cdef class Policy:
                     row -= n
         return s
 
+    # ---- recurrent state -------------------------------------------------------------
+    def reset(self):
+        """Zero the recurrent state (h, c): the next step starts as at an episode start. No-op without one."""
+        self.reset_ptr()
+
+    def state(self):
+        """A copy of the recurrent state ``(h, c)`` (model dtype, H values each; ``c`` None for a GRU), or None
+        for a feed-forward policy."""
+        if self._state is None:
+            return None
+        h, c = self._state
+        H = self.hidden_size
+        return (h[:H].copy(), None if c is None else c[:H].copy())
+
+    def set_state(self, h, c=None):
+        """Set the recurrent state (H values each, cast to the model dtype); ``c`` is required for an LSTM."""
+        if self._state is None:
+            raise TypeError("set_state() is for recurrent policies; this one has no recurrent layer")
+        hb, cb = self._state
+        H = self.hidden_size
+        h = np.asarray(h, dtype=np.float64).reshape(-1)
+        if h.shape != (H,) or (cb is not None and (c is None or np.asarray(c).size != H)):
+            raise ValueError(f"set_state(h, c) takes {H} values each" + (" (h and c)" if cb is not None else ""))
+        hb[:H] = h
+        if cb is not None:
+            cb[:H] = np.asarray(c, dtype=np.float64).reshape(-1)
+
+    @property
+    def recurrent(self):
+        """'lstm', 'gru', or None (no recurrent layer)."""
+        return self.spec.recurrent
+
+    def last_outputs(self):
+        """The last layer's outputs of the last call (model dtype, a copy); NaN after a step whose state
+        was reset. Unlike :meth:`logits` it runs nothing (so it does not advance a recurrent state)."""
+        return self._arrays[1].copy()
+
     @property
     def isa(self):
         """Vector copy this policy runs: 'avx512', 'avx2+fma', 'sse2', 'native' or 'generic'."""
@@ -429,5 +558,7 @@ cdef class Policy:
         return ["dot" if forms[l] else "axpy" for l in range(len(self.spec.layers))]
 
     def __repr__(self):
-        sizes = " -> ".join(str(d) for d in [self.n_features] + [W.shape[1] for W, _ in self.spec.layers])
-        return f"Policy({sizes}, {self.spec.dtype}, {self.kernel} kernel, sha256={self.spec.sha256[:12]})"
+        widths = [str(d) for d in self.spec.layer_sizes]
+        if self.spec.recurrent:
+            widths[1] = f"{self.spec.recurrent}({widths[1]})"
+        return f"Policy({' -> '.join(widths)}, {self.spec.dtype}, {self.kernel} kernel, sha256={self.spec.sha256[:12]})"

@@ -1,8 +1,23 @@
 /*
- * Fused policy forward pass: pre-process -> (Dense + activation) * layers -> head, the model of
- * kernels/model_file.py (its docstring is the definition; kernels/reference.py the numpy reference).
- * Activations per layer (MLP_ACT_*; the exp-based ones from vmath.h); heads: argmax (class index)
- * or continuous (tanh squash, clip, affine; float64, into a caller's buffer).
+ * Fused policy forward pass: pre-process -> [recurrent layer] -> (Dense + activation) * layers -> head,
+ * the model of kernels/model_file.py (its docstring is the definition; kernels/reference.py the numpy
+ * reference). Activations per layer (MLP_ACT_*; the exp-based ones from vmath.h); heads: argmax (class
+ * index) or continuous (tanh squash, clip, affine; float64, into a caller's buffer).
+ *
+ * Recurrent layer (rnn = MLP_RNN_LSTM / MLP_RNN_GRU, hidden size H, torch's gate order): per step two
+ * matrix-vector products on the axpy kernels below, gx = Wx^T xin + bx and gh = Wh^T h + bh (G*pH
+ * outputs each: gate blocks of pH = H padded to 64 bytes, the total padded to pg, a whole number of
+ * MLP_PANEL_BYTES panels). Wx and Wh are stored in panels: the (n_in, 256-byte) column block of every
+ * panel is contiguous, so each pass of the axpy kernel streams memory in order (a row-major (n_in, G*pH)
+ * matrix would be read at a stride of G*pH values: 4 KiB for an LSTM(256) in float32, the L1 set-conflict
+ * and 4K-aliasing worst case, which measured twice as slow). Then one vectorised pass over the pH lanes
+ * with sigmoid / tanh from vmath.h that writes the new h (and c) in place. The state h, c lives in
+ * buffers the caller allocates once (kernels/_policy.pyx: 64-byte aligned, owned by the Policy); h is
+ * act[0], the dense stack's input, so the dense layers read the new state where it is. Nothing is
+ * allocated per step. Pad lanes of h and c are forced to 0 after each step (an infinite observation
+ * times a zero pad weight would otherwise leave NaN there); if any lane of the new h or c is then not
+ * finite, h and c are zeroed, *resets is incremented and the step returns -1 without running the dense
+ * layers (their outputs, act[L], are set to NaN). mlp_*_reset() zeroes the state.
  *
  * Plain C so that the compiler, not Cython, owns the vector code. One template,
  * instantiated for double and float by the macros below.
@@ -50,7 +65,9 @@ enum { MLP_ACT_IDENTITY = 0, MLP_ACT_RELU = 1, MLP_ACT_ELU = 2, MLP_ACT_SELU = 3
        MLP_ACT_CELU = 5, MLP_ACT_TANH = 6, MLP_ACT_SIGMOID = 7, MLP_ACT_SOFTPLUS = 8, MLP_ACT_SILU = 9,
        MLP_N_ACT = 10 };
 enum { MLP_HEAD_ARGMAX = 0, MLP_HEAD_CONTINUOUS = 1 };
+enum { MLP_RNN_NONE = 0, MLP_RNN_LSTM = 1, MLP_RNN_GRU = 2 };     /* model_file.py RECURRENT, in this order */
 #define MLP_BLOCK_BYTES 64   /* padding and alignment of every row */
+#define MLP_PANEL_BYTES 256  /* recurrent gate matrices: column panels of this width (4 AVX-512 vectors) */
 
 #if defined(__GNUC__)
 #define MLP_INLINE static inline __attribute__((always_inline))
@@ -159,6 +176,16 @@ struct NAME##_s {                                                               
     const double *act_lo, *act_hi, *act_off, *act_scale;             /* (dims[L],) */ \
     int specialised;                      /* 1: a small-shape kernel was chosen */    \
     const char *isa;                      /* the vector copy chosen: "avx512", ... */ \
+    int rnn;                              /* MLP_RNN_*: recurrent layer before the dense ones */ \
+    int n_obs;                            /* observation width (dims[0] without a recurrent layer) */ \
+    T *xin;                               /* pre-processed observation, padded (act[0] without one) */ \
+    int H, pH;                            /* hidden size; padded to 64 bytes */       \
+    int pg;                               /* G*pH padded to whole MLP_PANEL_BYTES panels */ \
+    const T *Wx, *Wh;                     /* panels (pg/PW, n_obs or H, PW): gate blocks of pH */ \
+    const T *bx, *bh;                     /* (pg,): b_ih, b_hh in the same blocks */  \
+    T *gx, *gh;                           /* (pg,) scratch: the two matrix-vector products */ \
+    T *h, *c;                             /* state (pH,): h == act[0]; c NULL for a GRU */ \
+    int64_t *resets;                      /* ++ on every non-finite state reset (or NULL) */ \
     int (*forward)(NAME *, const double *);     /* chosen by NAME##_init */           \
     int (*act_fn)(NAME *, const double *, double *);                                   \
     void (*forward_batch)(NAME *, const double *, ptrdiff_t, ptrdiff_t, int64_t *);   \
@@ -250,9 +277,7 @@ MLP_INLINE int NAME##SFX##_argmax(const T *z, int n_out) {                      
                                                                                       \
 /* Pre-processing and every dense layer for one sample: leaves the outputs in act[L]. */ \
 /* Clips are written as compares so that a NaN passes through (as numpy's clip). */  \
-MLP_INLINE void NAME##SFX##_body(NAME *m, const double *x) {                          \
-    T *a0 = m->act[0];                                                                \
-    const int n0 = m->dims[0];                                                        \
+MLP_INLINE void NAME##SFX##_pre(NAME *m, const double *x, T *restrict a0, int n0) {   \
     if (m->pre) {                                                                     \
         for (int i = 0; i < n0; i++) {                                                \
             double v = x[i] * m->obs_scale[i];                                        \
@@ -266,6 +291,8 @@ MLP_INLINE void NAME##SFX##_body(NAME *m, const double *x) {                    
     } else {                                                                          \
         for (int i = 0; i < n0; i++) a0[i] = (T)((x[i] - m->mean[i]) / m->scale[i]);  \
     }                                                                                 \
+}                                                                                     \
+MLP_INLINE void NAME##SFX##_dense(NAME *m) {                                          \
     const int L = m->n_layers;                                                        \
     for (int l = 0; l < L; l++) {                                                     \
         const int code = m->act_code[l], relu = code == MLP_ACT_RELU;                 \
@@ -278,6 +305,77 @@ MLP_INLINE void NAME##SFX##_body(NAME *m, const double *x) {                    
         if (code > MLP_ACT_RELU)                                                      \
             NAME##SFX##_activate_row(m->act[l + 1], m->pdims[l + 1], code, (T)m->alpha[l]); \
     }                                                                                 \
+}                                                                                     \
+MLP_INLINE void NAME##SFX##_body(NAME *m, const double *x) {                          \
+    NAME##SFX##_pre(m, x, m->act[0], m->dims[0]);                                     \
+    NAME##SFX##_dense(m);                                                             \
+}                                                                                     \
+                                                                                      \
+/* out = b + W^T in for W in panels (pg / PW panels of (n_in, PW) values, PW = 256 bytes): */ \
+/* each panel in PW / (4 BLK) passes of the 4-vector axpy kernel at stride PW. */     \
+MLP_INLINE void NAME##SFX##_panels(const T *restrict in, int n_in, const T *restrict W,   \
+                                   const T *restrict b, T *restrict out, int pg) {   \
+    enum { PW = MLP_PANEL_BYTES / (int)sizeof(T), STEP = 4 * BLK };                   \
+    for (int p0 = 0; p0 < pg; p0 += PW) {                                             \
+        const T *Wp = W + (size_t)p0 * n_in;                                          \
+        for (int q = 0; q < PW; q += STEP)                                            \
+            NAME##SFX##_axpy_nb4(in, n_in, Wp + q, PW, b + p0 + q, out + p0 + q, 0);  \
+    }                                                                                 \
+}                                                                                     \
+/* The gates' nonlinearities on gx, gh and the new state in place, then the finiteness check (see */ \
+/* NAME##SFX##_rnn_step). */                                                          \
+MLP_INLINE int NAME##SFX##_rnn_gates(NAME *m, const int pH, const int nv, const int lstm) { \
+    const VT *restrict gx = (const VT *)m->gx, *restrict gh = (const VT *)m->gh;      \
+    T *restrict hs = m->h, *restrict cs = m->c;   /* every access below goes through these */ \
+    VT *h = (VT *)hs, *c = (VT *)cs;                                                  \
+    if (lstm) {                               /* torch gate blocks i, f, g, o */      \
+        for (int q = 0; q < nv; q++) {                                                \
+            const VT i = NAME##SFX##_vm_sigmoid(gx[q] + gh[q]);                       \
+            const VT f = NAME##SFX##_vm_sigmoid(gx[nv + q] + gh[nv + q]);             \
+            const VT g = NAME##SFX##_vm_tanh(gx[2 * nv + q] + gh[2 * nv + q]);        \
+            const VT o = NAME##SFX##_vm_sigmoid(gx[3 * nv + q] + gh[3 * nv + q]);     \
+            const VT cn = f * c[q] + i * g;                                           \
+            c[q] = cn;                                                                \
+            h[q] = o * NAME##SFX##_vm_tanh(cn);                                       \
+        }                                                                             \
+    } else {                                  /* torch gate blocks r, z, n */         \
+        for (int q = 0; q < nv; q++) {                                                \
+            const VT r = NAME##SFX##_vm_sigmoid(gx[q] + gh[q]);                       \
+            const VT z = NAME##SFX##_vm_sigmoid(gx[nv + q] + gh[nv + q]);             \
+            const VT n = NAME##SFX##_vm_tanh(gx[2 * nv + q] + r * gh[2 * nv + q]);    \
+            h[q] = ((T)1 - z) * n + z * h[q];                                         \
+        }                                                                             \
+    }                                                                                 \
+    for (int j = m->H; j < pH; j++) {         /* pad lanes: 0 (inf * 0 could be NaN) */ \
+        hs[j] = 0;                                                                    \
+        if (lstm) cs[j] = 0;                                                          \
+    }                                                                                 \
+    VT chk = (VT){0};                         /* v - v: 0 when finite, NaN otherwise */ \
+    for (int q = 0; q < nv; q++) chk += h[q] - h[q];                                  \
+    if (lstm) for (int q = 0; q < nv; q++) chk += c[q] - c[q];                        \
+    int finite = 1;                                                                   \
+    for (int k = 0; k < BLK; k++) finite &= chk[k] == 0;                              \
+    if (finite) return 0;                                                             \
+    memset(hs, 0, sizeof(T) * (size_t)pH);                                            \
+    if (lstm) memset(cs, 0, sizeof(T) * (size_t)pH);                                  \
+    if (m->resets) ++*m->resets;                                                      \
+    T *z = m->act[m->n_layers];               /* no outputs this step */              \
+    for (int j = 0; j < m->dims[m->n_layers]; j++) z[j] = (T)__builtin_nan("");       \
+    return -1;                                                                        \
+}                                                                                     \
+/* One step of the recurrent layer on m->xin (see the header comment): 0, or -1 when */ \
+/* the new state is not finite (the state is then zero and *resets incremented). */  \
+MLP_INLINE int NAME##SFX##_rnn_step(NAME *m) {                                        \
+    const int pH = m->pH, nv = pH / BLK, lstm = m->rnn == MLP_RNN_LSTM;               \
+    NAME##SFX##_panels(m->xin, m->n_obs, m->Wx, m->bx, m->gx, m->pg);                 \
+    NAME##SFX##_panels(m->h, m->H, m->Wh, m->bh, m->gh, m->pg);                       \
+    return NAME##SFX##_rnn_gates(m, pH, nv, lstm);                                    \
+}                                                                                     \
+MLP_INLINE int NAME##SFX##_rnn_body(NAME *m, const double *x) {                       \
+    NAME##SFX##_pre(m, x, m->xin, m->n_obs);                                          \
+    if (NAME##SFX##_rnn_step(m) < 0) return -1;                                       \
+    NAME##SFX##_dense(m);                                                             \
+    return 0;                                                                         \
 }                                                                                     \
                                                                                       \
 /* Forward pass for one sample. Returns the argmax (first maximum, as numpy), or */  \
@@ -303,6 +401,34 @@ static int NAME##_act##SFX(NAME *m, const double *x, double *u) {               
                                                                                       \
 static int NAME##_forward##SFX(NAME *m, const double *x) {                            \
     return NAME##SFX##_forward_inline(m, x);                                          \
+}                                                                                     \
+                                                                                      \
+/* The same three entry points for a recurrent policy: each call is one step (the */ \
+/* state advances); -1 when the state was reset (not finite) or an output is not finite. */ \
+static int NAME##_act_rnn##SFX(NAME *m, const double *x, double *u) {                 \
+    if (NAME##SFX##_rnn_body(m, x) < 0) {                                             \
+        if (m->head == MLP_HEAD_ARGMAX) u[0] = -1.0;                                  \
+        return -1;                                                                    \
+    }                                                                                 \
+    if (m->head == MLP_HEAD_ARGMAX) {                                                 \
+        const int k = NAME##SFX##_argmax(m->act[m->n_layers], m->dims[m->n_layers]);  \
+        u[0] = (double)k;                                                             \
+        return k;                                                                     \
+    }                                                                                 \
+    return NAME##_head_continuous(m, u);                                              \
+}                                                                                     \
+MLP_INLINE int NAME##SFX##_forward_rnn_inline(NAME *m, const double *x) {             \
+    if (NAME##SFX##_rnn_body(m, x) < 0) return -1;                                    \
+    return NAME##SFX##_argmax(m->act[m->n_layers], m->dims[m->n_layers]);             \
+}                                                                                     \
+static int NAME##_forward_rnn##SFX(NAME *m, const double *x) {                        \
+    return NAME##SFX##_forward_rnn_inline(m, x);                                      \
+}                                                                                     \
+/* Rows of X as one sequence (state carried from row to row). */                     \
+static void NAME##_forward_batch_rnn##SFX(NAME *m, const double *X, ptrdiff_t n,      \
+                                          ptrdiff_t row_stride, int64_t *out) {       \
+    for (ptrdiff_t r = 0; r < n; r++)                                                 \
+        out[r] = NAME##SFX##_forward_rnn_inline(m, X + r * row_stride);               \
 }                                                                                     \
                                                                                       \
 /* Rows of X (n, dims[0]) with a row stride in doubles; out receives n argmaxes. */  \
@@ -434,7 +560,7 @@ static inline int mlp_small_shape(int n_layers, int n_in, int n_hidden, int n_ou
 #define MLP_SMALL_FITS(m) (mlp_small_shape((m)->n_layers, (m)->dims[0], (m)->dims[1], (m)->dims[2], \
                                                (int)sizeof(**(m)->W)) && !(m)->dot_form[0] && (m)->dot_form[1] \
                            && (m)->act_code[0] == MLP_ACT_RELU && (m)->act_code[1] == MLP_ACT_IDENTITY \
-                           && (m)->head == MLP_HEAD_ARGMAX && !(m)->pre)
+                           && (m)->head == MLP_HEAD_ARGMAX && !(m)->pre && !(m)->rnn)
 
 /* x86 MAXPD/MAXPS return the second operand when either is NaN: max(0, v) keeps NaN. */
 #define MLP_RELU_MAXPD256(v) __builtin_ia32_maxpd256((mlp_v4d){0}, (v))
@@ -464,9 +590,21 @@ static int NAME##_head_continuous(NAME *m, double *u) {                         
 MLP_HEAD(double, mlp_f64)
 MLP_HEAD(float, mlp_f32)
 
+/* Zero the recurrent state (h, and c for an LSTM); nothing for a feed-forward policy. */
+#define MLP_RESET(T, NAME)                                                            \
+static void NAME##_reset(NAME *m) {                                                   \
+    if (!m->rnn) return;                                                              \
+    memset(m->h, 0, sizeof(T) * (size_t)m->pH);                                       \
+    if (m->c) memset(m->c, 0, sizeof(T) * (size_t)m->pH);                             \
+}
+MLP_RESET(double, mlp_f64)
+MLP_RESET(float, mlp_f32)
+
 #define MLP_SET(NAME, m, SFX, ISA) do { (m)->forward = NAME##_forward##SFX;           \
     (m)->forward_batch = NAME##_forward_batch##SFX; (m)->chain = NAME##_chain##SFX;   \
-    (m)->act_fn = NAME##_act##SFX; (m)->isa = (ISA); } while (0)
+    (m)->act_fn = NAME##_act##SFX; (m)->isa = (ISA);                                  \
+    if ((m)->rnn) { (m)->forward = NAME##_forward_rnn##SFX;                           \
+        (m)->forward_batch = NAME##_forward_batch_rnn##SFX; (m)->act_fn = NAME##_act_rnn##SFX; } } while (0)
 
 #if defined(MLP_NATIVE) || !defined(__x86_64__) || !defined(__GNUC__)
 /* One copy for the build machine (or a non-x86 target): 32-byte vectors. */

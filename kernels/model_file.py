@@ -1,28 +1,48 @@
 """Model files: one ``.npz`` holding a policy and what is needed to trust it.
 
-A policy is: observation pre-processing, a stack of dense layers each with its own activation, and a
-head. For raw observations ``x`` (float64, n_features):
+A policy is: observation pre-processing, an optional recurrent layer (LSTM or GRU), a stack of dense
+layers each with its own activation, and a head. For raw observations ``x`` (float64, n_features):
 
 1. ``x1 = x * obs_scale``                        per-feature scale (legged_gym's obs_scales)
 2. ``x2 = clip(x1, obs_clip_low, obs_clip_high)`` (legged_gym's clip_observations)
 3. ``z  = (x2 - mean) / scale``                   ``scale`` is the divisor with the exporter's epsilon
                                                   folded in: rsl_rl ``std + 0.01``, SB3 ``sqrt(var + 1e-8)``
 4. ``z  = clip(z, norm_clip_low, norm_clip_high)`` (SB3 VecNormalize's clip_obs)
+4r. recurrent policies only (``recurrent`` = ``"lstm"`` / ``"gru"``, hidden size H, in ``dtype``), on the
+   state carried from the previous step (zero after a reset), torch's definitions and gate order:
+
+   * ``gx = rnn_W_ih @ z + rnn_b_ih``, ``gh = rnn_W_hh @ h + rnn_b_hh`` (G*H values each, gate blocks of H)
+   * LSTM (G = 4, blocks i, f, g, o): ``i, f, o = sigmoid(gx + gh)`` blocks, ``g = tanh(gx + gh)`` block,
+     ``c = f * c + i * g``, ``h = o * tanh(c)``
+   * GRU (G = 3, blocks r, z, n; torch = ONNX ``linear_before_reset=1``): ``r, u = sigmoid(gx + gh)``
+     blocks (u: the update gate torch calls z), ``n = tanh(gx_n + r * gh_n)``, ``h = (1 - u) * n + u * h``
+
+   then ``h`` (H values) is the input of the dense stack. If the new state (h, or c) is not finite,
+   the state is reset to zero and the step has no action (the kernel returns -1).
 5. ``h  = act_l(h @ W_l + b_l)`` for each layer l, in the compute ``dtype`` (steps 1-4 run in float64)
 6. head ``argmax``: the class index of the last layer's output (first maximum, as numpy);
    head ``continuous`` (float64): ``a = tanh(h)`` if ``squash``, ``a = clip(a, action_low, action_high)``,
    ``u = action_offset + action_scale * a`` (e.g. joint target = default pose + 0.25 * action).
 
 Keys (all plain arrays; the file loads with ``allow_pickle=False``). Version 1 files (ReLU hidden
-layers, argmax head, no pre-processing beyond mean/scale) still load.
+layers, argmax head, no pre-processing beyond mean/scale) and version 2 files (no recurrent layer) still
+load, with their hashes; a policy without a recurrent layer is still written as version 2. Version 3
+is written only for recurrent policies and adds the ``recurrent`` and ``rnn_*`` keys.
 
 ==================  =======================  ==========================================
 key                 dtype / shape            meaning
 ==================  =======================  ==========================================
-format_version      int64 ()                 ``FORMAT_VERSION`` (1 or 2)
+format_version      int64 ()                 1, 2, or 3 (recurrent policies only)
 dtype               str ()                   ``"float64"`` or ``"float32"``: compute dtype
-layer_sizes         int64 (L + 1,)           ``[n_features, hidden..., n_outputs]``
+layer_sizes         int64 (L + 1,)           ``[n_features, hidden..., n_outputs]``; v3 (L + 2,):
+                                             ``[n_features, H, hidden..., n_outputs]``
 W{i}, b{i}          dtype (n_in, n_out), (n_out,)  dense layer i, ``y = x @ W + b``
+recurrent           str ()                   v3: ``"lstm"`` or ``"gru"``
+rnn_W_ih            dtype (G*H, n_features)  v3: input weights, torch layout (``weight_ih_l0``):
+                                             rows are gate blocks of H, LSTM i,f,g,o (G=4), GRU r,z,n (G=3)
+rnn_W_hh            dtype (G*H, H)           v3: hidden weights (``weight_hh_l0``), same blocks
+rnn_b_ih, rnn_b_hh  dtype (G*H,)             v3: the two biases (``bias_ih_l0``, ``bias_hh_l0``), kept
+                                             apart (GRU's n gate needs b_hh inside r * (...))
 activations         str (L,)                 v2: one of :data:`ACTIVATIONS` per layer
 alphas              float64 (L,)             v2: alpha of elu / leaky_relu / celu (else 0)
 mean, scale         float64 (n_features,)    normalisation ``(x - mean) / scale``
@@ -39,7 +59,8 @@ action_scale        float64 (n_actions,)
 feature_names       str (n_features,)
 source              str ()                   v2: JSON: where it came from (file, sha256, exporter,
                                              opset, producer, metadata_props)
-check_X             float64 (n, n_features)  inputs the kernel is verified on at load
+check_X             float64 (n, n_features)  inputs the kernel is verified on at load (recurrent: in
+                                             order, as sequences of 300 steps from the zero state)
 train_accuracy      float64 ()               may be NaN when unknown
 test_accuracy       float64 ()               may be NaN when unknown
 trainer             str ()                   ``"numpy"``, ``"sklearn"``, ``"onnx"``, ``"torchscript"`` ...
@@ -56,10 +77,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-FORMAT_VERSION = 2
-READS_VERSIONS = (1, 2)
+FORMAT_VERSION = 3          # written for recurrent policies; everything else is still written as version 2
+READS_VERSIONS = (1, 2, 3)
 DTYPES = ("float64", "float32")
 HEADS = ("argmax", "continuous")
+#: recurrent layer kind -> gates (blocks of H rows in rnn_W_ih / rnn_W_hh), in torch's order
+RECURRENT = {"lstm": ("i", "f", "g", "o"), "gru": ("r", "z", "n")}
+RNN_KEYS = ("rnn_W_ih", "rnn_W_hh", "rnn_b_ih", "rnn_b_hh")
 #: activation name -> (kernel code, default alpha); the codes are kernels/mlp_core.h's MLP_ACT_*
 ACTIVATIONS = {
     "identity": (0, 0.0), "relu": (1, 0.0), "elu": (2, 1.0), "selu": (3, 0.0), "leaky_relu": (4, 0.01),
@@ -84,6 +108,11 @@ class ModelSpec:
     ``feature_names`` has a default that gives the version-1 policy: ReLU hidden layers, an identity
     output layer, an argmax head and no pre-processing beyond ``(x - mean) / scale``. Per-feature and
     per-action arrays may be given as scalars (broadcast).
+
+    ``recurrent`` (``None``, ``"lstm"`` or ``"gru"``) puts one recurrent layer between the pre-processing
+    and the dense layers; its weights ``rnn_W_ih`` (G*H, n_features), ``rnn_W_hh`` (G*H, H), ``rnn_b_ih``,
+    ``rnn_b_hh`` (G*H,) are in torch's layout and gate order (see the module docstring), and the first
+    dense layer then takes H inputs.
     """
 
     layers: list
@@ -112,13 +141,26 @@ class ModelSpec:
     action_offset: np.ndarray | float = 0.0
     action_scale: np.ndarray | float = 1.0
     source: dict = field(default_factory=dict)
+    recurrent: str | None = None
+    rnn_W_ih: np.ndarray | None = None
+    rnn_W_hh: np.ndarray | None = None
+    rnn_b_ih: np.ndarray | None = None
+    rnn_b_hh: np.ndarray | None = None
 
     def __post_init__(self):
         dt = np.dtype(self.dtype)
         self.layers = [(np.ascontiguousarray(W, dtype=dt), np.ascontiguousarray(b, dtype=dt))
                        for W, b in self.layers]
+        if self.recurrent is not None:
+            self.recurrent = str(self.recurrent).lower()
+            if self.recurrent in ("", "none"):
+                self.recurrent = None
+        for key in RNN_KEYS:
+            v = getattr(self, key)
+            if v is not None:
+                setattr(self, key, np.ascontiguousarray(v, dtype=dt))
         n_layers = len(self.layers)
-        n_in = self.layers[0][0].shape[0] if self.layers else 0
+        n_in = self.n_features
         n_out = self.layers[-1][0].shape[1] if self.layers else 0
         if self.activations is None:
             self.activations = ["relu"] * (n_layers - 1) + ["identity"]
@@ -151,7 +193,28 @@ class ModelSpec:
 
     @property
     def layer_sizes(self):
+        """Widths along the network: ``[n_features, hidden..., n_outputs]``; with a recurrent layer
+        ``[n_features, H, hidden..., n_outputs]``."""
+        return ([self.n_features] if self.recurrent else []) + self.dense_sizes
+
+    @property
+    def dense_sizes(self):
+        """Widths of the dense stack: ``[n_in of the first dense layer, ..., n_outputs]``."""
         return [self.layers[0][0].shape[0]] + [W.shape[1] for W, _ in self.layers]
+
+    @property
+    def n_features(self) -> int:
+        """Width of the raw observation (the recurrent layer's input, else the first dense layer's)."""
+        if self.recurrent and self.rnn_W_ih is not None and self.rnn_W_ih.ndim == 2:
+            return int(self.rnn_W_ih.shape[1])
+        return int(self.layers[0][0].shape[0]) if self.layers else 0
+
+    @property
+    def hidden_size(self) -> int:
+        """H of the recurrent layer (0 without one)."""
+        if self.recurrent and self.rnn_W_hh is not None and self.rnn_W_hh.ndim == 2:
+            return int(self.rnn_W_hh.shape[1])
+        return 0
 
     @property
     def n_actions(self) -> int:
@@ -163,7 +226,7 @@ class ModelSpec:
         """True when the policy is exactly what a version-1 file can hold (ReLU MLP, argmax, mean/scale)."""
         L = len(self.layers)
         return (self.head == "argmax" and self.activations == ["relu"] * (L - 1) + ["identity"]
-                and not self.has_preprocessing)
+                and not self.has_preprocessing and not self.recurrent)
 
     @property
     def has_preprocessing(self) -> bool:
@@ -173,13 +236,19 @@ class ModelSpec:
                     or np.isfinite(self.norm_clip_high).any())
 
 
+def format_version_of(spec: ModelSpec) -> int:
+    """The version a file holding ``spec`` is written as: 3 for a recurrent policy, else 2."""
+    return 3 if spec.recurrent else 2
+
+
 def content_hash(spec: ModelSpec) -> str:
     """SHA-256 over everything that changes what the policy answers.
 
-    A policy a version-1 file can hold hashes as it always did, so version-1 files keep their hash."""
+    A policy a version-1 file can hold hashes as it always did, so version-1 files keep their hash; a
+    policy without a recurrent layer hashes as in version 2, so version-2 files keep theirs too."""
     h = hashlib.sha256()
     v1 = spec.is_v1
-    h.update(f"v{1 if v1 else FORMAT_VERSION};{spec.dtype};{spec.layer_sizes};".encode())
+    h.update(f"v{1 if v1 else format_version_of(spec)};{spec.dtype};{spec.layer_sizes};".encode())
     for W, b in spec.layers:
         h.update(np.ascontiguousarray(W).tobytes())
         h.update(np.ascontiguousarray(b).tobytes())
@@ -191,6 +260,12 @@ def content_hash(spec: ModelSpec) -> str:
         for a in (spec.obs_scale, spec.obs_clip_low, spec.obs_clip_high, spec.norm_clip_low, spec.norm_clip_high,
                   spec.action_low, spec.action_high, spec.action_offset, spec.action_scale):
             h.update(np.ascontiguousarray(a, dtype=np.float64).tobytes())
+    if spec.recurrent:
+        h.update(f"recurrent;{spec.recurrent};".encode())
+        for key in RNN_KEYS:
+            a = getattr(spec, key)
+            h.update(f"{key}{list(np.shape(a))};".encode())
+            h.update(np.ascontiguousarray(a).tobytes())
     return h.hexdigest()
 
 
@@ -198,7 +273,7 @@ def save_model(spec: ModelSpec, path) -> str:
     """Write ``spec`` to ``path`` (.npz), atomically. Returns the content hash."""
     validate_spec(spec, path)
     arrays = {
-        "format_version": np.int64(FORMAT_VERSION),
+        "format_version": np.int64(format_version_of(spec)),
         "dtype": np.str_(spec.dtype),
         "layer_sizes": np.asarray(spec.layer_sizes, dtype=np.int64),
         "mean": spec.mean,
@@ -224,6 +299,10 @@ def save_model(spec: ModelSpec, path) -> str:
         arrays["check_X"] = np.ascontiguousarray(spec.check_X, dtype=np.float64)
     for i, (W, b) in enumerate(spec.layers):
         arrays[f"W{i}"], arrays[f"b{i}"] = W, b
+    if spec.recurrent:
+        arrays["recurrent"] = np.str_(spec.recurrent)
+        for key in RNN_KEYS:
+            arrays[key] = getattr(spec, key)
     path = os.fspath(path)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     tmp = path + ".tmp.npz"
@@ -268,18 +347,38 @@ def load_model(path) -> ModelSpec:
     if sizes.ndim != 1 or len(sizes) < 2 or (sizes < 1).any():
         raise ModelFileError(path, "layer_sizes", f"is {sizes.tolist()}",
                              "it must list at least [n_features, n_classes], all >= 1")
+    rnn = {}
+    dense = sizes
+    if version >= 3:
+        kind = _require(data, path, "recurrent")
+        if kind.dtype.kind != "U" or kind.ndim != 0 or str(kind) not in RECURRENT:
+            raise ModelFileError(path, "recurrent", f"is {kind!r}", f"a version-3 file holds one of {sorted(RECURRENT)}")
+        if len(sizes) < 3:
+            raise ModelFileError(path, "layer_sizes", f"is {sizes.tolist()}",
+                                 "a recurrent policy lists [n_features, H, ..., n_outputs]")
+        kind = str(kind)
+        G, n_feat, H = len(RECURRENT[kind]), int(sizes[0]), int(sizes[1])
+        for key, shape in (("rnn_W_ih", (G * H, n_feat)), ("rnn_W_hh", (G * H, H)), ("rnn_b_ih", (G * H,)),
+                           ("rnn_b_hh", (G * H,))):
+            arr = _numeric(data, path, key)
+            if arr.shape != shape:
+                raise ModelFileError(path, key, f"has shape {arr.shape}, layer_sizes and recurrent={kind!r} imply "
+                                     f"{shape}", "re-export the model")
+            rnn[key] = arr
+        rnn["recurrent"] = kind
+        dense = sizes[1:]
     layers = []
-    for i in range(len(sizes) - 1):
+    for i in range(len(dense) - 1):
         W = _numeric(data, path, f"W{i}")
         b = _numeric(data, path, f"b{i}")
-        if W.shape != (sizes[i], sizes[i + 1]):
+        if W.shape != (dense[i], dense[i + 1]):
             raise ModelFileError(path, f"W{i}", f"has shape {W.shape}, layer_sizes implies "
-                                 f"({sizes[i]}, {sizes[i + 1]})", "re-export the model")
-        if b.shape != (sizes[i + 1],):
+                                 f"({dense[i]}, {dense[i + 1]})", "re-export the model")
+        if b.shape != (dense[i + 1],):
             raise ModelFileError(path, f"b{i}", f"has shape {b.shape}, layer_sizes implies "
-                                 f"({sizes[i + 1]},)", "re-export the model")
+                                 f"({dense[i + 1]},)", "re-export the model")
         layers.append((W, b))
-    extra = {}
+    extra = dict(rnn)
     if version >= 2:
         L = len(layers)
         acts = _require(data, path, "activations")
@@ -287,7 +386,7 @@ def load_model(path) -> ModelSpec:
             raise ModelFileError(path, "activations", f"is {acts.dtype} {acts.shape}, expected {L} names",
                                  "re-export the model")
         n_in, n_out = int(sizes[0]), int(sizes[-1])
-        extra = dict(activations=acts.tolist(), alphas=_numeric(data, path, "alphas").tolist(),
+        extra.update(activations=acts.tolist(), alphas=_numeric(data, path, "alphas").tolist(),
                      head=str(_require(data, path, "head")),
                      action_names=_require(data, path, "action_names").tolist(),
                      squash=bool(_require(data, path, "squash")))
@@ -325,9 +424,48 @@ def load_model(path) -> ModelSpec:
     return spec
 
 
+def _validate_recurrent(spec: ModelSpec, path) -> None:
+    if spec.recurrent is None:
+        given = [k for k in RNN_KEYS if getattr(spec, k) is not None]
+        if given:
+            raise ModelFileError(path, "recurrent", f"is None but {', '.join(given)} are given",
+                                 f"set recurrent to one of {sorted(RECURRENT)}, or drop the rnn_* weights")
+        return
+    if spec.recurrent not in RECURRENT:
+        raise ModelFileError(path, "recurrent", f"is {spec.recurrent!r}", f"use one of {sorted(RECURRENT)} or None")
+    G = len(RECURRENT[spec.recurrent])
+    for key in RNN_KEYS:
+        if getattr(spec, key) is None:
+            raise ModelFileError(path, key, f"missing for recurrent={spec.recurrent!r}",
+                                 "give rnn_W_ih, rnn_W_hh, rnn_b_ih and rnn_b_hh (torch's layout)")
+    W_ih, W_hh = spec.rnn_W_ih, spec.rnn_W_hh
+    if W_hh.ndim != 2 or W_hh.shape[1] < 1 or W_hh.shape[0] != G * W_hh.shape[1]:
+        raise ModelFileError(path, "rnn_W_hh", f"has shape {W_hh.shape}, expected ({G} * H, H) for "
+                             f"recurrent={spec.recurrent!r} (gates {', '.join(RECURRENT[spec.recurrent])})",
+                             "give torch's weight_hh_l0")
+    H = W_hh.shape[1]
+    if W_ih.ndim != 2 or W_ih.shape[0] != G * H or W_ih.shape[1] < 1:
+        raise ModelFileError(path, "rnn_W_ih", f"has shape {W_ih.shape}, expected ({G * H}, n_features) for H={H}",
+                             "give torch's weight_ih_l0")
+    for key in ("rnn_b_ih", "rnn_b_hh"):
+        if getattr(spec, key).shape != (G * H,):
+            raise ModelFileError(path, key, f"has shape {getattr(spec, key).shape}, expected ({G * H},)",
+                                 "give torch's bias_ih_l0 / bias_hh_l0 (zeros for bias=False)")
+    for key in RNN_KEYS:
+        if not np.isfinite(getattr(spec, key)).all():
+            raise ModelFileError(path, key, "contains NaN or Inf", "retrain; check the training data")
+    n_in = spec.layers[0][0].shape[0]
+    if n_in != H:
+        raise ModelFileError(path, "W0", f"takes {n_in} inputs but the recurrent layer gives H={H}",
+                             "the first dense layer takes the recurrent layer's hidden state")
+
+
 def validate_spec(spec: ModelSpec, path="(in memory)") -> None:
     """Shape, finiteness and range checks shared by save and load."""
-    n_features = spec.layers[0][0].shape[0]
+    if not spec.layers:
+        raise ModelFileError(path, "layer_sizes", "no dense layer", "give at least one dense layer")
+    _validate_recurrent(spec, path)
+    n_features = spec.n_features
     for i, (W, b) in enumerate(spec.layers):
         for name, arr in ((f"W{i}", W), (f"b{i}", b)):
             if not np.isfinite(arr).all():

@@ -7,6 +7,8 @@ import importlib
 BENCHMARKS = {
     "kernel": "per-sample policy inference: kernel vs numpy, scikit-learn, onnxruntime, torch",
     "policy": "continuous robot policies (rsl_rl, G1, SB3 PPO, SAC): kernel vs onnxruntime, TorchScript, numpy",
+    "recurrent": "recurrent policies (LSTM/GRU + MLP: rsl_rl LSTM 256, Unitree G1 LSTM 64): kernel vs onnxruntime, "
+                 "TorchScript, state carried",
     "control": "pendulum control score against added delay and missed policy ticks (why jitter matters)",
     "loop": "1 kHz loop wake-up latency and round trip: node vs cyclictest vs a naive Python loop",
     "replay": "lockstep replay throughput through the node vs a bare pyzmq echo",

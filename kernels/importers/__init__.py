@@ -1,8 +1,9 @@
 """Policy importers: exported policies (.onnx, TorchScript .pt) -> a verified :class:`ModelSpec`.
 
-``import_policy(path)`` reads the file, recognises the MLP it holds (normaliser, dense layers,
-activations, head), builds the ModelSpec and proves it against the exporter's own runtime on the
-caller's observations and random ones (see ``proof.py``). Anything it cannot map exactly is refused
+``import_policy(path)`` reads the file, recognises the policy it holds (normaliser, an optional LSTM /
+GRU layer, dense layers, activations, head), builds the ModelSpec and proves it against the exporter's
+own runtime on the caller's observations and random ones (see ``proof.py``; recurrent policies as
+sequences with the state carried). Anything it cannot map exactly is refused
 whole with :class:`ImportRefused` (a ValueError) naming the node / submodule / field and the fix: there
 are no partial imports. docs/policies.md lists what is recognised.
 
@@ -87,7 +88,7 @@ def import_policy(path, *, obs_norm=None, dtype=None, check_X=None, n_random=200
             norm_clip_low=norm_clip[0], norm_clip_high=norm_clip[1], head="continuous",
             action_names=meta["action_names"], squash=folded.squash, action_low=folded.action_low,
             action_high=folded.action_high, action_offset=meta["action_offset"], action_scale=meta["action_scale"],
-            source=source)
+            source=source, **folded.rnn_fields())
         validate_spec(spec, file)
     except ModelFileError as e:
         raise ImportRefused(file, f"field '{e.field}'", e.problem, e.fix) from None
@@ -96,7 +97,8 @@ def import_policy(path, *, obs_norm=None, dtype=None, check_X=None, n_random=200
         raise ImportRefused(file, "n_random", f"is {n_random} and no check_X rows were given: the proof needs at least "
                             "one observation", "pass n_random > 0 (default 2000) or check_X")
     X = P.observations(spec, check_X, int(n_random), seed)
-    proof = P.prove(file, spec, runtime, X, graph_dtype, pre=pre)
+    n_check = 0 if check_X is None else len(check_X)
+    proof = P.prove(file, spec, runtime, X, graph_dtype, pre=pre, starts=(0, n_check))
     proof["kernel"] = P.prove_kernel(file, spec, X, kernel)
     proof["recognised"] = _recognised(fmt, folded, norm, meta)
     # the proof's first rows become check_X, verified at every load (content_hash does not cover check_X)
@@ -116,6 +118,8 @@ def _read_onnx(path, file):
     if len(graph.files) > 1:
         source["external_data"] = [os.path.basename(f) for f in graph.files[1:]]
     folded.dropped += [f"output '{o}' (not the action)" for o in graph.dropped_outputs] + graph.dropped_nodes()
+    if folded.state:
+        source["state"] = {"carried_by": "the caller (graph inputs / outputs)", **folded.state}
     return folded, graph.dtype, meta, source, P.onnx_runtime(graph, graph.dtype)
 
 
@@ -126,7 +130,10 @@ def _read_torchscript(path, file):
     module = T.load(path)
     folded, dtype = T.fold(file, module)
     meta = {"action_names": None, "feature_names": None, "action_offset": 0.0, "action_scale": 1.0, "notes": []}
-    return folded, dtype, meta, T.source(path), P.torch_runtime(module, dtype)
+    source = T.source(path)
+    if folded.state:
+        source["state"] = {"carried_by": "the module's buffers", **folded.state}
+    return folded, dtype, meta, source, P.torch_runtime(module, dtype, tuple(folded.state.get("buffers", {}).values()))
 
 
 def _recognised(fmt, folded, norm, meta) -> dict:
@@ -136,8 +143,14 @@ def _recognised(fmt, folded, norm, meta) -> dict:
                       f"clip +-{norm.clip_obs:g})")
     layers = [f"{note}, {act}" + (f"(alpha={al:g})" if act in ("elu", "leaky_relu", "celu") else "")
               for note, act, al in zip(folded.layer_notes, folded.activations, folded.alphas)]
-    return {"format": fmt, "normaliser": normaliser, "layers": layers, "head": folded.head,
-            "metadata": meta["notes"], "dropped": folded.dropped}
+    out = {"format": fmt, "normaliser": normaliser, "layers": layers, "head": folded.head,
+           "metadata": meta["notes"], "dropped": folded.dropped}
+    if folded.recurrent:
+        st = folded.state
+        carried = (", ".join(f"{st['outputs'][w]} -> {st['inputs'][w]}" for w in st.get("inputs", {})) or
+                   ", ".join(f"buffer {b}" for b in st.get("buffers", {}).values()))
+        out["recurrent"] = f"{folded.rnn_note}; state: {carried} (the kernel owns it; reset() zeroes it)"
+    return out
 
 
 def describe(spec, proof) -> str:
@@ -149,6 +162,8 @@ def describe(spec, proof) -> str:
         lines.append(f"  producer      {spec.source['producer']}" +
                      (f", opset {spec.source['opset']}" if "opset" in spec.source else ""))
     lines.append(f"  normaliser    {r.get('normaliser') or 'none'}")
+    if r.get("recurrent"):
+        lines.append(f"  recurrent     {r['recurrent']}")
     for i, layer in enumerate(r.get("layers", [])):
         lines.append(f"  layer {i}       {layer}")
     lines.append(f"  head          {r.get('head', spec.head)}")
@@ -156,7 +171,8 @@ def describe(spec, proof) -> str:
         lines.append(f"  metadata      {note}")
     for d in r.get("dropped", []):
         lines.append(f"  dropped       {d}")
-    lines.append(f"proved against {proof['reference']} on {proof['samples']} observations: max |error| "
+    seqs = f" in {len(proof['sequences'])} sequences (state carried)" if proof.get("sequences") else ""
+    lines.append(f"proved against {proof['reference']} on {proof['samples']} observations{seqs}: max |error| "
                  f"{proof['max_abs_err']:.3g} (tolerance {proof['tolerance']})")
     k = proof.get("kernel")
     if isinstance(k, dict):

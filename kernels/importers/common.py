@@ -1,10 +1,11 @@
 """What every importer shares: the refusal, the folding of recognised steps into dense layers, hashing.
 
 An importer reads its format and calls :class:`Builder` once per step it recognises, in the order the
-policy computes them (normaliser ops, dense layers, activations, column selections, a clip on the
-action). The builder checks that the sequence is one the model file can hold (see
-kernels/model_file.py: ``(x - mean) / scale``, then ``act_l(h @ W_l + b_l)``, then the head
-``tanh`` / ``clip``) and refuses anything else with the step's name in the message.
+policy computes them (normaliser ops, an LSTM / GRU layer, dense layers, activations, column selections,
+a clip on the action). The builder checks that the sequence is one the model file can hold (see
+kernels/model_file.py: ``(x - mean) / scale``, then optionally one recurrent layer, then
+``act_l(h @ W_l + b_l)``, then the head ``tanh`` / ``clip``) and refuses anything else with the step's
+name in the message.
 """
 from __future__ import annotations
 
@@ -65,6 +66,14 @@ class Folded:
     normaliser: str | None = None                       # what the in-graph normaliser was, if any
     head: str = ""                                       # what the head was
     dropped: list = field(default_factory=list)          # branches / outputs that were left out
+    recurrent: str | None = None                         # "lstm" / "gru": the recurrent layer, if any
+    rnn: dict | None = None                              # its rnn_W_ih, rnn_W_hh, rnn_b_ih, rnn_b_hh (torch layout)
+    rnn_note: str = ""                                   # where it came from
+    state: dict = field(default_factory=dict)            # how the format carries the state (names, buffers)
+
+    def rnn_fields(self) -> dict:
+        """The ModelSpec keyword arguments of the recurrent layer (empty without one)."""
+        return {"recurrent": self.recurrent, **(self.rnn or {})} if self.recurrent else {}
 
     @property
     def n_actions(self) -> int:
@@ -91,6 +100,8 @@ class Builder:
         self.stage = "input"
         self.low = self.high = None
         self.head_notes = []
+        self.recurrent = self.rnn = None
+        self.rnn_note = ""
 
     def refuse(self, where, problem, fix):
         raise ImportRefused(self.file, where, problem, fix)
@@ -108,6 +119,10 @@ class Builder:
 
     # -- observation normaliser: (x - mean) / scale -------------------------------------------------
     def _normaliser_stage(self, where, op):
+        if self.stage == "rnn":
+            self.refuse(where, f"{op} on the recurrent layer's output is not supported (only the observation is "
+                        "normalised, before the recurrent layer; a dense layer must follow it)",
+                        "export the policy as normaliser -> LSTM / GRU -> MLP")
         if self.stage != "input":
             self.refuse(where, f"{op} after the first dense layer is not supported (only as the input "
                         "normaliser Sub(x, mean) then Div(., std) or Mul(., 1/std), or as a bias Add after "
@@ -141,6 +156,45 @@ class Builder:
                         "(x - mean) / scale can express", "re-export the normaliser")
         self.scale = 1.0 / s
         self.norm_ops.append(f"{where}: multiply by 1/std")
+
+    # -- recurrent layer ---------------------------------------------------------------------------
+    def recurrent_layer(self, kind, W_ih, W_hh, b_ih, b_hh, where, note):
+        """One LSTM / GRU layer on the (normalised) observation, in torch's layout and gate order
+        (W_ih (G*H, n_in), W_hh (G*H, H), b_ih / b_hh (G*H,) or None; LSTM i,f,g,o, GRU r,z,n)."""
+        from control_node.kernels.model_file import RECURRENT
+        if self.recurrent is not None:
+            self.refuse(where, f"a second recurrent layer (after {self.rnn_note}): the kernel runs one (num_layers=1)",
+                        "export a policy with one LSTM / GRU layer (rnn_num_layers=1)")
+        if self.stage != "input":
+            self.refuse(where, f"a {kind.upper()} after a dense layer: the kernel runs the recurrent layer on the "
+                        "(normalised) observation, before the dense layers", "export normaliser -> LSTM / GRU -> MLP")
+        G = len(RECURRENT[kind])
+        W_ih, W_hh = np.asarray(W_ih, dtype=np.float64), np.asarray(W_hh, dtype=np.float64)
+        if W_hh.ndim != 2 or W_hh.shape[0] != G * W_hh.shape[1]:
+            self.refuse(where, f"hidden weights have shape {list(W_hh.shape)}, expected [{G} * H, H]",
+                        "re-export the policy")
+        H = W_hh.shape[1]
+        if W_ih.ndim != 2 or W_ih.shape[0] != G * H:
+            self.refuse(where, f"input weights have shape {list(W_ih.shape)}, expected [{G * H}, n_in]",
+                        "re-export the policy")
+        if W_ih.shape[1] != self.width:
+            self.refuse(where, f"dimension mismatch: the {kind.upper()} takes {W_ih.shape[1]} inputs but the value it "
+                        f"is applied to has {self.width}", "re-export the policy (the graph is inconsistent)")
+        biases = []
+        for name, b in (("input bias", b_ih), ("hidden bias", b_hh)):
+            b = np.zeros(G * H) if b is None else np.asarray(b, dtype=np.float64).reshape(-1)
+            if b.shape != (G * H,):
+                self.refuse(where, f"{name} has {b.size} values, expected {G * H}", "re-export the policy")
+            biases.append(b)
+        for name, a in (("input weights", W_ih), ("hidden weights", W_hh), ("input bias", biases[0]),
+                        ("hidden bias", biases[1])):
+            if not np.isfinite(a).all():
+                self.refuse(where, f"{name} contain NaN or Inf", "re-export a trained policy")
+        self.recurrent = kind
+        self.rnn = {"rnn_W_ih": W_ih, "rnn_W_hh": W_hh, "rnn_b_ih": biases[0], "rnn_b_hh": biases[1]}
+        self.rnn_note = note
+        self.width = H
+        self.stage = "rnn"
 
     # -- dense layers ------------------------------------------------------------------------------
     def dense(self, W, b, where, note):
@@ -176,6 +230,9 @@ class Builder:
         return v
 
     def bias(self, c, where):
+        if self.stage == "rnn":
+            self.refuse(where, "Add on the recurrent layer's output: only a dense layer may follow it",
+                        "export the policy as normaliser -> LSTM / GRU -> MLP")
         if self.stage == "input":          # Add(x, c) on the input = Sub(x, -c)
             self.sub_mean(-np.asarray(c, dtype=np.float64), where)
             return
@@ -191,6 +248,9 @@ class Builder:
         if self.stage == "input":
             self.refuse(where, f"{name} before the first dense layer is not supported",
                         "export the plain MLP (normaliser, dense layers, activations)")
+        if self.stage == "rnn":
+            self.refuse(where, f"{name} on the recurrent layer's output before any dense layer is not supported",
+                        "export the policy as normaliser -> LSTM / GRU -> MLP")
         if self.stage == "post":
             self.refuse(where, f"a second activation ({name}) after '{self.acts[-1]}' on the same layer: the "
                         "kernel applies one activation per dense layer (mish and gelu export as several ops)",
@@ -207,8 +267,8 @@ class Builder:
         """Keep output columns ``idx`` of the last dense layer (Split / Slice / Gather on the last axis).
 
         Exact: everything after the last dense layer is elementwise."""
-        if self.stage == "input":
-            self.refuse(where, "selects observation features before the first dense layer",
+        if self.stage in ("input", "rnn"):
+            self.refuse(where, "selects values before the first dense layer",
                         "export the policy on the observation it uses")
         idx = np.asarray(idx, dtype=np.int64).reshape(-1)
         W, b = self.layers[-1]
@@ -219,8 +279,8 @@ class Builder:
         self.head_notes.append(note)
 
     def clip(self, lo, hi, where):
-        if self.stage == "input":
-            self.refuse(where, "Clip on the observation is not recognised in the graph",
+        if self.stage in ("input", "rnn"):
+            self.refuse(where, "Clip on the observation or the recurrent state is not recognised in the graph",
                         "drop it from the graph and set obs_clip in the model file")
         if self.stage == "clipped":
             self.refuse(where, "a second Clip on the action", "export one Clip on the action output")
@@ -237,8 +297,8 @@ class Builder:
 
     def finish(self, where) -> Folded:
         if not self.layers:
-            self.refuse(where, "no dense layer (Gemm, MatMul or Linear) was found on the way to the action",
-                        "export an MLP policy")
+            self.refuse(where, "no dense layer (Gemm, MatMul or Linear) was found on the way to the action"
+                        + (" after the recurrent layer" if self.recurrent else ""), "export an MLP policy")
         if self.stage == "pre":
             self.acts.append("identity")
             self.alphas.append(0.0)
@@ -254,4 +314,5 @@ class Builder:
         head = "continuous: " + ("; ".join(self.head_notes) if self.head_notes else "identity (the last layer's output)")
         return Folded(n_features=self.n_features, layers=[tuple(wb) for wb in self.layers], activations=self.acts,
                       alphas=self.alphas, mean=self.mean, scale=self.scale, squash=squash, action_low=low,
-                      action_high=high, layer_notes=self.layer_notes, normaliser=normaliser, head=head)
+                      action_high=high, layer_notes=self.layer_notes, normaliser=normaliser, head=head,
+                      recurrent=self.recurrent, rnn=self.rnn, rnn_note=self.rnn_note)

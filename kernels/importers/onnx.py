@@ -16,6 +16,14 @@ How a graph is read:
    on a batch-1 vector (Identity, Flatten, Reshape, Squeeze, Unsqueeze, Expand, Cast to the same float
    type), ``Split`` / ``Slice`` / ``Gather`` of output columns (Brax's mean half), ``Tanh`` on the
    output (squash) and ``Clip`` on the output (action_low / action_high).
+5. Recurrent policies (rsl_rl / IsaacLab: inputs ``obs``, ``h_in`` [, ``c_in``], outputs ``actions``,
+   ``h_out`` [, ``c_out``]): one ``LSTM`` / ``GRU`` node on the observation's path, before the dense layers.
+   Its state inputs are graph inputs of shape [1, 1, H] (num_layers 1, batch 1) reaching ``initial_h`` /
+   ``initial_c`` through no-ops, and its new state (``Y_h`` / ``Y_c``) must be graph outputs (the caller
+   carries the state from call to call: the node's kernel owns it instead). Weights are converted from
+   the ONNX gate orders (LSTM i,o,f,c; GRU z,r,h) to the model file's torch order (i,f,g,o; r,z,n). Refused:
+   bidirectional / reverse, num_layers > 1, non-default activations, clip, input_forget, layout 1,
+   sequence_lens, peepholes, GRU linear_before_reset=0, the plain RNN operator.
 
 Anything else is refused whole (:class:`ImportRefused` names the node, the operator and what is
 supported). The graph's own dtype (float32 / float64) is the model's default compute dtype.
@@ -35,21 +43,25 @@ MIN_OPSET = 11
 ACTION_OUTPUT_NAMES = ("action", "actions")
 ACTIVATION_OPS = {"Relu": "relu", "Elu": "elu", "Selu": "selu", "LeakyRelu": "leaky_relu", "Celu": "celu",
                   "Tanh": "tanh", "Sigmoid": "sigmoid", "Softplus": "softplus"}
-NOOP_OPS = ("Identity", "Flatten", "Reshape", "Squeeze", "Unsqueeze", "Expand", "Cast")
+NOOP_OPS = ("Identity", "Flatten", "Reshape", "Squeeze", "Unsqueeze", "Expand", "Cast", "Transpose")
 SELECT_OPS = ("Split", "Slice", "Gather")
+RNN_OPS = ("LSTM", "GRU")
 #: operators accepted on the observation's path
-DATA_OPS = frozenset(ACTIVATION_OPS) | set(NOOP_OPS) | set(SELECT_OPS) | {
+DATA_OPS = frozenset(ACTIVATION_OPS) | set(NOOP_OPS) | set(SELECT_OPS) | set(RNN_OPS) | {
     "Sub", "Div", "Mul", "Add", "Gemm", "MatMul", "Clip"}
 #: operators accepted only where they compute constants (shapes, parameter transforms)
 CONST_OPS = frozenset({"Constant", "Shape", "ConstantOfShape", "Gather", "Concat", "Exp", "Neg", "Sqrt",
-                       "Reciprocal", "Equal", "Where", "Transpose"})
+                       "Reciprocal", "Equal", "Where", "Transpose", "CastLike"})
 RECURRENT_OPS = ("LSTM", "GRU", "RNN")
+#: ONNX gate blocks -> torch's: torch block k is ONNX block PERM[k] (LSTM i,o,f,c -> i,f,g,o; GRU z,r,h -> r,z,n)
+GATE_PERM = {"LSTM": (0, 2, 3, 1), "GRU": (1, 0, 2)}
+STATE_NAMES = {"h": ("h_in", "hidden", "h0", "hx"), "c": ("c_in", "cell", "c0", "cx")}
 SELU_ALPHA, SELU_GAMMA = 1.67326319217681884765625, 1.05070102214813232421875   # the ONNX defaults (float32)
 HINTS = {
     "Erf": " (torch exports GELU as Div, Erf, Add, Mul; the kernel has no GELU)",
     "Conv": " (convolutional policies are not supported: the kernel runs dense layers only)",
     "Softmax": " (a discrete-action head; the importer maps continuous actions)",
-    **{op: " (recurrent policies are not supported yet)" for op in RECURRENT_OPS},
+    "RNN": " (the plain RNN operator; recurrent policies: one LSTM or GRU layer)",
 }
 FIX_OP = "export a plain MLP policy (dense layers with one supported activation each), or retrain with one"
 
@@ -75,6 +87,7 @@ class OnnxGraph:
     live: list                     # nodes on the observation's path to the action
     need: set = field(default_factory=set)   # names the action needs through the observation's path
     n_nodes: int = 0                         # nodes in the file
+    recurrent: dict | None = None            # the LSTM / GRU node and its state inputs / outputs (see _recurrent)
 
     def dropped_nodes(self) -> list:
         """What was left out: nodes that do not feed the action, and constant sub-graphs (evaluated once)."""
@@ -163,6 +176,8 @@ def parse_nodes(onnx, graph, file) -> list:
                 v = numpy_helper.to_array(v)
             elif isinstance(v, bytes):
                 v = v.decode()
+            elif isinstance(v, list) and v and all(isinstance(x, bytes) for x in v):
+                v = [x.decode() for x in v]                 # STRINGS (an LSTM's activations)
             attrs[a.name] = v
         if n.op_type == "Cast" and "to" in attrs:
             try:
@@ -224,14 +239,19 @@ def load(path) -> OnnxGraph:
                             "sparse initializers are not supported", "re-export with dense weights")
     init_names = {t.name for t in g.initializer}
     inputs = [i for i in g.input if i.name not in init_names]
-    ops = {n.op_type for n in g.node}
     names = [i.name for i in inputs]
+    rnn_nodes = [n for n in g.node if n.op_type in RECURRENT_OPS]
+    state_in = [i for i in inputs if len(i.type.tensor_type.shape.dim) == 3]
     state_like = [n for n in names if any(k in n.lower() for k in ("h_in", "c_in", "hidden", "cell", "state"))]
-    if ops & set(RECURRENT_OPS) or (len(inputs) > 1 and state_like):
-        rec = sorted(ops & set(RECURRENT_OPS))
-        raise ImportRefused(file, f"graph inputs {names}" + (f", operators {rec}" if rec else ""),
-                            "recurrent policies (LSTM / GRU with h_in / c_in state) are not supported yet",
-                            "import a feed-forward (MLP) policy; recurrent support is planned")
+    if not rnn_nodes and len(inputs) > 1 and (state_in or state_like):
+        shown = [i.name for i in state_in] or state_like
+        raise ImportRefused(file, f"graph inputs {names}", f"state inputs {shown} but no LSTM or GRU node: recurrent "
+                            "policies whose state is carried by other operators are not supported yet",
+                            "export the recurrent layer as torch.nn.LSTM / GRU (the rsl_rl / IsaacLab exporters do), "
+                            "or a feed-forward (MLP) policy")
+    rnn_inputs = _state_inputs(onnx, file, rnn_nodes, state_in, inputs) if rnn_nodes else {}
+    inputs = [i for i in inputs if i.name not in rnn_inputs]
+    names = [i.name for i in inputs]
     if len(inputs) != 1:
         raise ImportRefused(file, f"graph inputs {names}", f"the graph has {len(inputs)} inputs; the importer "
                             "maps exactly one observation input", "export the policy with a single observation "
@@ -254,7 +274,7 @@ def load(path) -> OnnxGraph:
     outputs = [o.name for o in g.output]
     named = [o for o in outputs if o.lower() in ACTION_OUTPUT_NAMES]
     action = named[0] if named else outputs[0]
-    nodes = _toposort(parse_nodes(onnx, g, file), init_names | {inp.name}, file)
+    nodes = _toposort(parse_nodes(onnx, g, file), init_names | {inp.name} | set(rnn_inputs), file)
 
     # keep only what the action output depends on
     producer_of = {o: n for n in nodes for o in n.outputs if o}
@@ -271,6 +291,8 @@ def load(path) -> OnnxGraph:
             supported = ", ".join(sorted(DATA_OPS))
             raise ImportRefused(file, _name(n), f"operator {n.op} is not supported{HINTS.get(n.op, '')}; "
                                 f"supported on the observation path: {supported}", FIX_OP)
+        if n.op in RNN_OPS:
+            _check_rnn_attrs(file, n)
         if n.op == "Gemm" and n.attrs.get("transA", 0):
             raise ImportRefused(file, _name(n), "transA=1 is not supported (a batch-1 policy never transposes "
                                 "its input)", "export with torch.nn.Linear / tf2onnx Dense (transA=0)")
@@ -284,14 +306,18 @@ def load(path) -> OnnxGraph:
                                     f"{bad} of shape {list(arr.shape)})", "re-export a trained, finite policy")
             env[t.name] = arr
     env[inp.name] = np.full((1, n_features), 0.5, dtype=dtype)
+    for name, (shape, sdtype) in rnn_inputs.items():
+        env[name] = np.zeros(shape, dtype=sdtype)
     try:
         env = onnx_eval.run(keep, env, opset)
     except onnx_eval.EvalError as e:
         raise ImportRefused(file, _name(e.node), e.problem, "re-export the policy (the graph is inconsistent) "
                             "or export a plain MLP") from None
-    data = {inp.name}
+    data = {inp.name} | set(rnn_inputs)
     for n in keep:
-        if n.op not in ("Shape",) and any(i in data for i in n.inputs if i):
+        if n.op == "Shape" or (n.op == "CastLike" and n.inputs[0] not in data):   # only shapes / dtypes flow
+            continue
+        if any(i in data for i in n.inputs if i):
             data.update(o for o in n.outputs if o)
     live, on_path = [], {action}
     for n in reversed(keep):
@@ -304,11 +330,205 @@ def load(path) -> OnnxGraph:
             raise ImportRefused(file, _name(n), f"operator {n.op} is applied to the observation's path; it is "
                                 "accepted only where it computes constants (shapes, parameters). Supported on the "
                                 f"observation path: {', '.join(sorted(DATA_OPS))}", FIX_OP)
+    recurrent = None
+    if rnn_nodes:
+        recurrent = _recurrent(file, nodes, keep, live, env, data, rnn_inputs, inp.name, action, outputs)
+    state_outputs = set(recurrent["state_outputs"].values()) if recurrent else set()
     producer = " ".join(p for p in (model.producer_name, model.producer_version) if p)
     return OnnxGraph(path=path, file=file, files=[path] + data_files, opset=int(opset), producer=producer,
                      metadata={p.key: p.value for p in model.metadata_props}, input_name=inp.name, dtype=dtype,
-                     n_features=n_features, action_output=action, dropped_outputs=[o for o in outputs if o != action],
-                     nodes=keep, env=env, data=data, live=live, need=on_path, n_nodes=len(g.node))
+                     n_features=n_features, action_output=action,
+                     dropped_outputs=[o for o in outputs if o != action and o not in state_outputs],
+                     nodes=keep, env=env, data=data, live=live, need=on_path, n_nodes=len(g.node), recurrent=recurrent)
+
+
+# -- recurrent graphs: the LSTM / GRU node and its state ------------------------------------------------------
+def _state_inputs(onnx, file, rnn_nodes, state_in, inputs) -> dict:
+    """The graph's state inputs {name: (shape [1, 1, H], dtype)} for a graph with an LSTM / GRU node.
+
+    Refuses the plain RNN operator, more than one recurrent node (num_layers > 1), and state inputs that are
+    not [num_layers=1, batch=1, H] float tensors."""
+    first = rnn_nodes[0]
+    label = f"node '{first.name or first.output[0]}' ({first.op_type})"
+    if first.op_type == "RNN":
+        raise ImportRefused(file, label, "the plain RNN operator is not supported (recurrent policies: one LSTM or GRU "
+                            "layer)", "train with rnn_type='lstm' or 'gru'")
+    if len(rnn_nodes) > 1:
+        which = ", ".join(f"'{n.name}' ({n.op_type})" for n in rnn_nodes)
+        raise ImportRefused(file, f"nodes {which}", f"{len(rnn_nodes)} recurrent nodes (num_layers > 1, or stacked "
+                            "recurrent layers): the kernel runs one recurrent layer", "train with rnn_num_layers=1")
+    H = next((int(a.i) for a in first.attribute if a.name == "hidden_size"), None)
+    want = 2 if first.op_type == "LSTM" else 1
+    out = {}
+    for i in state_in:
+        tt = i.type.tensor_type
+        dims = [d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim]
+        if dims[0] not in (None, 1):
+            raise ImportRefused(file, f"input '{i.name}'", f"state shape {dims}: num_layers={dims[0]}; the kernel runs "
+                                "one recurrent layer", "train with rnn_num_layers=1")
+        if dims[1] not in (None, 1):
+            raise ImportRefused(file, f"input '{i.name}'", f"state shape {dims}: batch {dims[1]}; the node runs one "
+                                "observation at a time", "export with a batch of 1 (h_in / c_in shaped [1, 1, H])")
+        if dims[2] is None or (H is not None and dims[2] != H):
+            raise ImportRefused(file, f"input '{i.name}'", f"state shape {dims} does not match the {first.op_type}'s "
+                                f"hidden_size {H}", "re-export the policy")
+        dt = _float_dtype(onnx, tt.elem_type)
+        if dt is None:
+            raise ImportRefused(file, f"input '{i.name}'", "state element type is not float32 or float64",
+                                "export the policy in float32")
+        out[i.name] = ([1, 1, dims[2]], dt)
+    if len(out) != want:
+        names = [i.name for i in inputs]
+        raise ImportRefused(file, f"graph inputs {names}", f"the {first.op_type} needs {want} state input(s) shaped "
+                            f"[1, 1, H] ({'h_in, c_in' if want == 2 else 'h_in'}); the graph has {len(out)}",
+                            "export as rsl_rl / IsaacLab do: inputs obs, h_in" + (", c_in" if want == 2 else ""))
+    return out
+
+
+STATE_NOOPS = ("Identity", "Reshape", "Squeeze", "Unsqueeze", "Cast", "Slice", "Transpose", "Expand")
+
+
+def _trace_back(name, producer_of, env, stop, file, what):
+    """Follow ``name`` back through value-preserving no-ops until a name in ``stop``; returns (that name, path)."""
+    path = []
+    while name not in stop:
+        n = producer_of.get(name)
+        if n is None or n.op not in STATE_NOOPS:
+            where = _name(n) if n is not None else f"value '{name}'"
+            raise ImportRefused(file, where, f"{what} passes through {n.op if n else 'nothing'} on its way; only "
+                                f"no-ops ({', '.join(STATE_NOOPS)}) that keep the [1, 1, H] state whole are recognised",
+                                "export the state as rsl_rl / IsaacLab do (h_in -> LSTM -> h_out)")
+        src = n.inputs[0]
+        if src in env and name in env and np.size(env[src]) != np.size(env[name]):
+            raise ImportRefused(file, _name(n), f"{what}: {n.op} changes the state's size "
+                                f"({list(np.shape(env[src]))} -> {list(np.shape(env[name]))})",
+                                "export the state whole ([1, 1, H])")
+        path.append(n)
+        name = src
+    return name, path
+
+
+def _check_rnn_attrs(file, n):
+    """The LSTM / GRU node's attributes and optional inputs: what the kernel implements, else refused naming it
+    (checked before the graph is evaluated once)."""
+    where, a, op = _name(n), n.attrs, n.op
+    direction = a.get("direction", "forward")
+    if direction != "forward":
+        raise ImportRefused(file, where, f"attribute direction={direction!r}: bidirectional / reverse recurrent layers "
+                            "are not supported (the kernel runs one forward layer)", "train a unidirectional LSTM / GRU")
+    if int(a.get("layout", 0)) != 0:
+        raise ImportRefused(file, where, f"attribute layout={a.get('layout')} (batch-first) is not supported",
+                            "export with the default layout 0 (torch.onnx does)")
+    acts = a.get("activations")
+    default = onnx_eval.RNN_DEFAULT_ACTIVATIONS[op]
+    if acts is not None and [str(x) for x in acts] != default:
+        raise ImportRefused(file, where, f"attribute activations={list(acts)}: only the defaults {default} are "
+                            "supported", "export torch.nn.LSTM / GRU")
+    for k in ("activation_alpha", "activation_beta"):
+        if k in a:
+            raise ImportRefused(file, where, f"attribute {k} is not supported (default activations only)",
+                                "export torch.nn.LSTM / GRU")
+    if "clip" in a:
+        raise ImportRefused(file, where, f"attribute clip={a['clip']:g}: cell clipping is not supported",
+                            "export without clip (torch.nn.LSTM has none)")
+    if op == "LSTM" and int(a.get("input_forget", 0)):
+        raise ImportRefused(file, where, "attribute input_forget=1 (coupled input and forget gates) is not supported",
+                            "export torch.nn.LSTM")
+    if op == "GRU" and int(a.get("linear_before_reset", 0)) != 1:
+        raise ImportRefused(file, where, f"attribute linear_before_reset={int(a.get('linear_before_reset', 0))}: the "
+                            "kernel implements torch's GRU (linear_before_reset=1: r * (R h + Rb))",
+                            "export torch.nn.GRU (torch.onnx writes linear_before_reset=1)")
+    ins = list(n.inputs) + [""] * (8 - len(n.inputs))
+    if ins[4]:
+        raise ImportRefused(file, f"{where} input sequence_lens '{ins[4]}'", "sequence_lens is not supported (the node "
+                            "runs one step per call)", "export without sequence_lens (torch.onnx does)")
+    if op == "LSTM" and ins[7]:
+        raise ImportRefused(file, f"{where} input P '{ins[7]}'", "peephole weights are not supported",
+                            "export torch.nn.LSTM (no peepholes)")
+
+
+def _recurrent(file, nodes, keep, live, env, data, rnn_inputs, obs_name, action, outputs) -> dict:
+    """Check how the LSTM / GRU node's state flows (its attributes: _check_rnn_attrs); returns what fold and the
+    proof need:
+    ``{"op", "node", "H", "state_inputs": {"h": name, "c": name}, "state_outputs": {"h": name, "c": name}}``."""
+    rnn = [n for n in keep if n.op in RNN_OPS]
+    if not rnn:
+        raise ImportRefused(file, f"output '{action}'", "does not depend on the graph's recurrent node: the state "
+                            "inputs would be ignored", "export the policy whose actions come from the LSTM / GRU")
+    n = rnn[0]
+    where, a, op = _name(n), n.attrs, n.op
+    if n.inputs[0] not in data or n.inputs[0] in rnn_inputs:
+        b_where = f"{where} input X '{n.inputs[0]}'"
+        raise ImportRefused(file, b_where, "is not computed from the observation", FIX_OP)
+    ins = list(n.inputs) + [""] * (8 - len(n.inputs))
+    for k, label in ((1, "W"), (2, "R"), (3, "B")):
+        if ins[k] and ins[k] in data:
+            raise ImportRefused(file, f"{where} input {label} '{ins[k]}'", "is computed from the graph's inputs; the "
+                                "weights must be constants", "re-export the policy")
+    producer_of = {o: m for m in nodes for o in m.outputs if o}
+    slots = {"h": 5, "c": 6} if op == "LSTM" else {"h": 5}
+    state_inputs = {}
+    for which, k in slots.items():
+        if not ins[k]:
+            raise ImportRefused(file, f"{where} input initial_{which}", "is absent: the graph runs every call from a "
+                                "zero state, so the state is not carried between calls (the kernel carries it)",
+                                "export the policy with h_in / c_in inputs and h_out / c_out outputs "
+                                "(rsl_rl / IsaacLab exporters)")
+        src, _path = _trace_back(ins[k], producer_of, env, set(rnn_inputs) | {obs_name}, file,
+                                 f"the {op}'s initial_{which}")
+        if src not in rnn_inputs:
+            raise ImportRefused(file, f"{where} input initial_{which}", "comes from the observation, not a state input",
+                                "export the state as its own input")
+        other = "c" if which == "h" else "h"
+        if any(k2 in src.lower() for k2 in STATE_NAMES[other]) and not any(k2 in src.lower()
+                                                                           for k2 in STATE_NAMES[which]):
+            raise ImportRefused(file, f"input '{src}'", f"its name says {'cell' if other == 'c' else 'hidden'} state "
+                                f"but it feeds the {op}'s initial_{which}", "re-export with h_in -> initial_h, "
+                                "c_in -> initial_c")
+        state_inputs[which] = src
+    if len(set(state_inputs.values())) != len(state_inputs):
+        raise ImportRefused(file, where, f"one input '{state_inputs['h']}' feeds both initial_h and initial_c",
+                            "export h_in and c_in as two inputs")
+    # the state reaches nothing but the recurrent node (through its no-ops)
+    state_vals = set(rnn_inputs)
+    for m in live:
+        if m is n:
+            continue
+        if any(i in state_vals for i in m.inputs if i):
+            if m.op in STATE_NOOPS and m.inputs[0] in state_vals:
+                state_vals.update(o for o in m.outputs if o)
+            else:
+                raise ImportRefused(file, _name(m), "uses the recurrent state outside the recurrent node: only "
+                                    "h_in -> [no-ops] -> LSTM / GRU is recognised", FIX_OP)
+    for k in range(1, 8):
+        if ins[k] and ins[k] in state_vals and k not in slots.values():
+            raise ImportRefused(file, f"{where} input {k}", "is computed from the state inputs", FIX_OP)
+    # the new state must be graph outputs (the caller carries it)
+    state_outputs = {}
+    out_slot = {1: "h", 2: "c"}
+    for o in outputs:
+        if o == action:
+            continue
+        name, m = o, producer_of.get(o)
+        while m is not None and m is not n and m.op in STATE_NOOPS:
+            name = m.inputs[0]
+            m = producer_of.get(name)
+        if m is n and name in n.outputs:
+            k = n.outputs.index(name)
+            if k in out_slot and out_slot[k] in slots:
+                if out_slot[k] in state_outputs:
+                    raise ImportRefused(file, f"output '{o}'", f"a second output of the {op}'s new "
+                                        f"{'hidden' if k == 1 else 'cell'} state", "export h_out / c_out once")
+                state_outputs[out_slot[k]] = o
+    for which in slots:
+        if which not in state_outputs:
+            outs = "h_out and c_out" if op == "LSTM" else "h_out"
+            raise ImportRefused(file, where, f"its new state Y_{which} is not a graph output: the caller of the graph "
+                                "could not carry the state from call to call",
+                                f"export {outs} as outputs (rsl_rl / IsaacLab do)")
+    H = int(a.get("hidden_size", env[ins[2]].shape[-1]))
+    return {"op": op, "node": n, "H": H, "state_inputs": state_inputs, "state_outputs": state_outputs,
+            "state_shape": [1, 1, H], "state_dtype": rnn_inputs[state_inputs["h"]][1]}
 
 
 def _vec_width(shape):
@@ -343,7 +563,8 @@ def fold(g: OnnxGraph):
                      "features) are not supported", FIX_OP)
         n = cons[0]
         pos = [k for k, i in enumerate(n.inputs) if i == cur]
-        others = [i for k, i in enumerate(n.inputs) if i and k not in pos and i in g.data]
+        state_slots = (5, 6) if n.op in RNN_OPS else ()       # initial_h / initial_c: checked by _recurrent
+        others = [i for k, i in enumerate(n.inputs) if i and k not in pos and k not in state_slots and i in g.data]
         if len(pos) != 1 or others:
             b.refuse(_name(n), "combines two values computed from the observation; only Sigmoid(x) * x "
                      "(silu) is recognised", FIX_OP)
@@ -356,7 +577,11 @@ def fold(g: OnnxGraph):
             b.refuse(_name(n), f"produces shape {list(g.env[outs[0]].shape)}; the importer maps batch-1 vectors "
                      f"of {b.width} values", "export the plain MLP on a (1, n) observation")
         cur = outs[0]
-    return b.finish(f"output '{g.action_output}'")
+    folded = b.finish(f"output '{g.action_output}'")
+    if g.recurrent:
+        r = g.recurrent
+        folded.state = {"inputs": r["state_inputs"], "outputs": r["state_outputs"], "shape": r["state_shape"]}
+    return folded
 
 
 def _silu(cons, cur, consumers):
@@ -386,7 +611,19 @@ def _step(b: Builder, g: OnnxGraph, n: Node, pos: int, cur: str, out: str):
         if op == "Cast" and a.get("to") != g.env[cur].dtype:
             b.refuse(where, f"casts the {g.env[cur].dtype} value to {a.get('to')}, which changes it; only a Cast to "
                      "the same float type is a no-op", "export the policy in one float type")
+        if op == "Transpose":
+            x = g.env[cur]
+            index = np.arange(x.size).reshape(x.shape)
+            if not (np.transpose(index, a.get("perm")).reshape(-1) == np.arange(x.size)).all():
+                b.refuse(where, f"perm={a.get('perm')} reorders the values of shape {list(x.shape)}; only a "
+                         "Transpose that moves size-1 axes is a no-op", FIX_OP)
         return
+    if op in RNN_OPS:
+        if pos != 0:
+            b.refuse(where, "the observation's value is not its input X", FIX_OP)
+        return _recurrent_step(b, g, n)
+    if op in ("Mul", "Div") and (op == "Mul" or pos == 0) and np.all(np.asarray(g.env[n.inputs[1 - pos]]) == 1):
+        return                                           # x * 1, x / 1 (dynamo's unoptimised Elu wrapper)
     if op in ("Sub", "Div") and pos != 0:
         b.refuse(where, f"{op}(constant, x) is not a normaliser; the importer maps {op}(x, constant)", FIX_OP)
     other = n.inputs[1 - pos] if op in ("Sub", "Div", "Add", "Mul") else None
@@ -455,6 +692,34 @@ def _step(b: Builder, g: OnnxGraph, n: Node, pos: int, cur: str, out: str):
         hi = _const(g, n, 2) if len(n.inputs) > 2 and n.inputs[2] else a.get("max")
         return b.clip(lo, hi, where)
     b.refuse(where, f"operator {op} is not supported here", FIX_OP)
+
+
+def _recurrent_step(b: Builder, g: OnnxGraph, n: Node):
+    """The LSTM / GRU node (checked by _recurrent): its weights in torch's gate order."""
+    where, op = _name(n), n.op
+    G = len(GATE_PERM[op])
+    W, R = _const(g, n, 1), _const(g, n, 2)
+    B = _const(g, n, 3)
+    H = g.recurrent["H"]
+    if W is None or R is None or W.ndim != 3 or W.shape[:2] != (1, G * H) or R.shape != (1, G * H, H):
+        b.refuse(where, f"weights W {None if W is None else list(W.shape)} / R {None if R is None else list(R.shape)}: "
+                 f"expected [1, {G * H}, n_in] and [1, {G * H}, {H}] (one direction, hidden_size {H})",
+                 "re-export the policy")
+    if B is not None and B.shape != (1, 2 * G * H):
+        b.refuse(where, f"bias B has shape {list(B.shape)}, expected [1, {2 * G * H}]", "re-export the policy")
+
+    def torch_order(M):          # (G*H, ...) in ONNX blocks -> torch blocks
+        return np.concatenate([M[k * H:(k + 1) * H] for k in GATE_PERM[op]], axis=0)
+    W_ih, W_hh = torch_order(W[0].astype(np.float64)), torch_order(R[0].astype(np.float64))
+    b_ih = b_hh = None
+    if B is not None:
+        B = B[0].astype(np.float64)
+        b_ih, b_hh = torch_order(B[:G * H]), torch_order(B[G * H:])
+    kind = op.lower()
+    order = "i,o,f,c -> i,f,g,o" if op == "LSTM" else "z,r,h -> r,z,n"
+    b.recurrent_layer(kind, W_ih, W_hh, b_ih, b_hh, where,
+                      f"{op} '{n.name}' {W_ih.shape[1]} -> H={H} (ONNX gates {order}"
+                      + (", linear_before_reset=1" if op == "GRU" else "") + ")")
 
 
 # -- metadata_props (legged_control2 keys) ---------------------------------------------------------------

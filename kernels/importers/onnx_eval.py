@@ -2,9 +2,11 @@
 
 Written from the ONNX operator specification, independently of kernels/reference.py. It is used to
 (1) run the graph once on a batch-1 observation, which gives every tensor's shape and the value of
-every constant sub-graph (weights behind Identity/Transpose, shapes computed by Shape/Concat, ...), and
-(2) prove an import when onnxruntime is not installed. It computes in the tensors' own dtypes
-(float32 graphs stay float32), batch 1.
+every constant sub-graph (weights behind Identity/Transpose, shapes computed by Shape/Concat, gate
+reordering done with Slice/Concat on the initializers, ...), and (2) prove an import when onnxruntime is
+not installed. It computes in the tensors' own dtypes (float32 graphs stay float32), batch 1. LSTM and
+GRU are implemented from the operator definitions (ONNX gate orders i,o,f,c and z,r,h; forward
+direction, default activations; GRU with either linear_before_reset).
 
 Nodes are :class:`Node` tuples (see ``onnx.py: parse_nodes``): attributes already converted to plain
 Python / numpy values, ``to`` of Cast already a numpy dtype.
@@ -143,6 +145,87 @@ UNARY = {
 }
 BINARY = {"Add": np.add, "Sub": np.subtract, "Mul": np.multiply, "Div": _div, "Equal": np.equal}
 
+RNN_DEFAULT_ACTIVATIONS = {"LSTM": ["Sigmoid", "Tanh", "Tanh"], "GRU": ["Sigmoid", "Tanh"]}
+
+
+def _rnn_checks(node, ins, H, G):
+    """The recurrent attributes this evaluator implements (forward, layout 0, default activations, no clip)."""
+    a = node.attrs
+    direction = a.get("direction", "forward")
+    if direction != "forward":
+        raise EvalError(node, f"direction={direction!r} is not implemented (forward only)")
+    if a.get("layout", 0) != 0:
+        raise EvalError(node, f"layout={a.get('layout')} is not implemented (0: [seq, batch, ...])")
+    acts = a.get("activations")
+    if acts is not None and [str(x) for x in acts] != RNN_DEFAULT_ACTIVATIONS[node.op]:
+        raise EvalError(node, f"activations={list(acts)} are not implemented (the defaults only)")
+    for k in ("clip", "activation_alpha", "activation_beta"):
+        if k in a:
+            raise EvalError(node, f"attribute {k} is not implemented")
+    if node.op == "LSTM" and a.get("input_forget", 0):
+        raise EvalError(node, "input_forget=1 is not implemented")
+    W, R = ins[1], ins[2]
+    if W.ndim != 3 or W.shape[0] != 1 or W.shape[1] != G * H or R.shape != (1, G * H, H):
+        raise EvalError(node, f"weights W {list(W.shape)} / R {list(R.shape)} do not match hidden_size {H} "
+                        f"(expected [1, {G * H}, n] and [1, {G * H}, {H}])")
+
+
+def _sig(x):
+    return _sigmoid(x)
+
+
+def _lstm(node, ins):
+    """ONNX LSTM (gate order i, o, f, c; B = [Wb, Rb]), forward direction, from the operator definition."""
+    X, W, R = ins[0], ins[1], ins[2]
+    H = int(node.attrs.get("hidden_size", R.shape[-1]))
+    _rnn_checks(node, ins, H, 4)
+    B = ins[3] if len(ins) > 3 and ins[3] is not None else np.zeros((1, 8 * H), dtype=X.dtype)
+    if len(ins) > 4 and ins[4] is not None:
+        raise EvalError(node, "sequence_lens is not implemented")
+    if len(ins) > 7 and ins[7] is not None:
+        raise EvalError(node, "peephole weights P are not implemented")
+    seq, batch = X.shape[0], X.shape[1]
+    h = ins[5][0] if len(ins) > 5 and ins[5] is not None else np.zeros((batch, H), dtype=X.dtype)
+    c = ins[6][0] if len(ins) > 6 and ins[6] is not None else np.zeros((batch, H), dtype=X.dtype)
+    Wt, Rt, b = W[0].T, R[0].T, (B[0, :4 * H] + B[0, 4 * H:])
+    Y = np.zeros((seq, 1, batch, H), dtype=X.dtype)
+    for t in range(seq):
+        g = X[t] @ Wt + h @ Rt + b
+        i, o, f, cc = (g[:, k * H:(k + 1) * H] for k in range(4))
+        c = _sig(f) * c + _sig(i) * np.tanh(cc)
+        h = _sig(o) * np.tanh(c)
+        Y[t, 0] = h
+    return [Y, h[None].astype(X.dtype), c[None].astype(X.dtype)]
+
+
+def _gru(node, ins):
+    """ONNX GRU (gate order z, r, h; B = [Wb, Rb]; both linear_before_reset forms), forward direction."""
+    X, W, R = ins[0], ins[1], ins[2]
+    H = int(node.attrs.get("hidden_size", R.shape[-1]))
+    _rnn_checks(node, ins, H, 3)
+    B = ins[3] if len(ins) > 3 and ins[3] is not None else np.zeros((1, 6 * H), dtype=X.dtype)
+    if len(ins) > 4 and ins[4] is not None:
+        raise EvalError(node, "sequence_lens is not implemented")
+    lbr = int(node.attrs.get("linear_before_reset", 0))
+    seq, batch = X.shape[0], X.shape[1]
+    h = ins[5][0] if len(ins) > 5 and ins[5] is not None else np.zeros((batch, H), dtype=X.dtype)
+    Wz, Wr, Wh = (W[0, k * H:(k + 1) * H] for k in range(3))
+    Rz, Rr, Rh = (R[0, k * H:(k + 1) * H] for k in range(3))
+    Wbz, Wbr, Wbh, Rbz, Rbr, Rbh = (B[0, k * H:(k + 1) * H] for k in range(6))
+    Y = np.zeros((seq, 1, batch, H), dtype=X.dtype)
+    one = np.ones((), dtype=X.dtype)
+    for t in range(seq):
+        x = X[t]
+        z = _sig(x @ Wz.T + h @ Rz.T + Wbz + Rbz)
+        r = _sig(x @ Wr.T + h @ Rr.T + Wbr + Rbr)
+        if lbr:
+            n = np.tanh(x @ Wh.T + r * (h @ Rh.T + Rbh) + Wbh)
+        else:
+            n = np.tanh(x @ Wh.T + (r * h) @ Rh.T + Rbh + Wbh)
+        h = (one - z) * n + z * h
+        Y[t, 0] = h
+    return [Y, h[None].astype(X.dtype)]
+
 
 def eval_node(node: Node, ins: list, opset: int) -> list:
     """Outputs of ``node`` for input arrays ``ins`` (None where an optional input is omitted)."""
@@ -228,12 +311,19 @@ def _eval(node, ins, opset, op):
     if op == "Transpose":
         perm = a.get("perm")
         return [np.transpose(ins[0], perm)]
+    if op == "CastLike":
+        return [ins[0].astype(ins[1].dtype)]
+    if op == "LSTM":
+        return _lstm(node, ins)
+    if op == "GRU":
+        return _gru(node, ins)
     raise EvalError(node, f"operator {op} is not supported")
 
 
 OPS = frozenset(UNARY) | frozenset(BINARY) | {"Gemm", "MatMul", "Clip", "Flatten", "Reshape", "Squeeze", "Unsqueeze",
                                               "Cast", "Expand", "Split", "Slice", "Constant", "Shape",
-                                              "ConstantOfShape", "Gather", "Concat", "Where", "Transpose"}
+                                              "ConstantOfShape", "Gather", "Concat", "Where", "Transpose",
+                                              "CastLike", "LSTM", "GRU"}
 
 
 def run(nodes, values: dict, opset: int) -> dict:

@@ -13,7 +13,15 @@ must be a straight chain of submodule calls (``nn.Sequential``, rsl_rl's ``MLP``
   ``(x - _mean) / (_std + eps)``, eps 1e-2) -> mean, scale = std + eps;
 * ``Unflatten(-1, (2, A))`` followed by rsl-rl-lib's ``_FirstSliceDeterministicOutput`` -> the mean half.
 
-Recurrent modules (LSTM / GRU / RNN, or ``hidden_state`` / ``cell_state`` buffers) are refused for now.
+Recurrent policies are recognised in the exporters' form: a top-level module with one ``nn.LSTM`` / ``nn.GRU``
+child (num_layers 1, unidirectional, no proj_size) and ``hidden_state`` [+ ``cell_state``] buffers of shape
+(1, 1, H), whose forward is exactly ``[normalizer chain ->] rnn(x.unsqueeze(0), (hidden_state, cell_state))
+-> hidden_state[:] = h; cell_state[:] = c -> chain(out.squeeze(0))``: legged_gym's ``PolicyExporterLSTM``
+(``memory`` + ``actor``; Unitree's ``motion.pt``), IsaacLab's ``_TorchPolicyExporter`` (``normalizer`` + ``rnn`` +
+``actor``), rsl-rl-lib 5's ``_TorchLSTMModel`` / ``_TorchGRUModel`` (``obs_normalizer`` + ``rnn`` + ``mlp`` +
+``deterministic_output``). The module keeps its state in the buffers; the kernel keeps its own (the proof
+zeroes the buffers at every sequence start). Anything else recurrent (an LSTM without state buffers, which
+runs every call from a zero state; LSTMCell / GRUCell / RNN; a second recurrent layer) is refused.
 """
 from __future__ import annotations
 
@@ -87,15 +95,158 @@ def load(path):
                             "play.py writes exported/policy.pt)") from None
 
 
-def _refuse_recurrent(file, module):
-    for path, m in module.named_modules():
-        if m.original_name in RECURRENT:
-            raise ImportRefused(file, _label(path, m), "recurrent policies (LSTM / GRU) are not supported yet",
-                                "import a feed-forward (MLP) policy; recurrent support is planned")
-        bufs = [n for n, _ in m.named_buffers(recurse=False)]
-        if {"hidden_state", "cell_state"} & set(bufs):
-            raise ImportRefused(file, _label(path, m), f"has recurrent state buffers {bufs}: recurrent policies are "
-                                "not supported yet", "import a feed-forward (MLP) policy")
+RNN_BUFFERS = {"lstm": ("hidden_state", "cell_state"), "gru": ("hidden_state",)}
+FIX_RNN = ("export as the rsl_rl / IsaacLab / legged_gym exporters do: one nn.LSTM / nn.GRU (num_layers=1) with "
+           "hidden_state [, cell_state] buffers of shape (1, 1, H), forward rnn(x.unsqueeze(0), state), "
+           "state[:] = new state, actor(out.squeeze(0))")
+
+
+def _recurrent_parts(file, module):
+    """None for a feed-forward module; else (path, rnn module, kind) after checking the exporter form's shape."""
+    recs = [(path, m) for path, m in module.named_modules() if path and m.original_name in RECURRENT]
+    bufs = {n: b for n, b in module.named_buffers(recurse=False)}
+    state_bufs = [n for n in ("hidden_state", "cell_state") if n in bufs]
+    if not recs:
+        for path, m in module.named_modules():
+            own = [n for n, _ in m.named_buffers(recurse=False)]
+            if {"hidden_state", "cell_state"} & set(own):
+                raise ImportRefused(file, _label(path, m), f"has recurrent state buffers {own} but no nn.LSTM / nn.GRU: "
+                                    "recurrent policies are recognised with an LSTM or GRU layer only", FIX_RNN)
+        return None
+    if len(recs) > 1:
+        raise ImportRefused(file, ", ".join(_label(p, m) for p, m in recs), f"{len(recs)} recurrent layers: the kernel "
+                            "runs one (num_layers=1)", "export a policy with one LSTM / GRU layer")
+    path, m = recs[0]
+    if m.original_name not in ("LSTM", "GRU"):
+        raise ImportRefused(file, _label(path, m), f"{m.original_name} is not supported (recurrent policies: one "
+                            "nn.LSTM or nn.GRU layer)", "train with rnn_type='lstm' or 'gru'")
+    kind = m.original_name.lower()
+    if "." in path:
+        raise ImportRefused(file, _label(path, m), "a recurrent layer inside a submodule: recognised only as a direct "
+                            "child of the exported module (its rnn / memory)", FIX_RNN)
+    for attr, ok, what in (("num_layers", lambda v: int(v) == 1, "the kernel runs one layer (rnn_num_layers=1)"),
+                           ("bidirectional", lambda v: not v, "the kernel runs one forward direction"),
+                           ("proj_size", lambda v: int(v) == 0, "LSTM projections are not supported")):
+        v = getattr(m, attr, 0 if attr == "proj_size" else None)
+        if v is None or not ok(v):
+            raise ImportRefused(file, _label(path, m), f"attribute {attr}={v}: {what}", FIX_RNN)
+    want = RNN_BUFFERS[kind]
+    H = int(m.hidden_size)
+    if tuple(state_bufs) != want:
+        raise ImportRefused(file, _label(path, m), f"the module keeps state buffers {state_bufs}; "
+                            f"{'an LSTM' if kind == 'lstm' else 'a GRU'} needs {list(want)}: recurrent policies are recognised in the exporters' form only (an "
+                            "LSTM / GRU called without them runs every call from a zero state)", FIX_RNN)
+    for n in want:
+        if tuple(bufs[n].shape) != (1, 1, H):
+            raise ImportRefused(file, f"buffer '{n}'", f"has shape {list(bufs[n].shape)}, expected [1, 1, {H}] "
+                                "(num_layers 1, batch 1, H)", FIX_RNN)
+    return path, m, kind
+
+
+def _const_of(value):
+    node = value.node()
+    if node.kind() != "prim::Constant":
+        return "?"
+    return value.toIValue()
+
+
+def _walk_recurrent(file, top, rnn_path, rnn, kind):
+    """The exporter form's forward (see the module doc), walked node by node; returns the chain of steps with
+    ("rnn", path, module) where the recurrent layer sits. Refuses any other node or data flow, naming it."""
+    graph = top.graph
+    args = list(graph.inputs())
+    where = _label("", top)
+    if len(args) != 2:
+        raise ImportRefused(file, where, f"forward takes {len(args) - 1} arguments; the importer maps a policy of one "
+                            "observation tensor", FIX_RNN)
+    mods = {args[0].unique(): (top, "")}
+    val = {}                   # value -> what it is: "buf:<name>", "slice:<name>", "state", "rnn_out", "new_state",
+    cur = args[1].unique()     # "new:<name>", "seq" (x.unsqueeze(0)), "yseq" (the rnn's output sequence)
+    want_bufs = RNN_BUFFERS[kind]
+    written, steps, called = {}, [], False
+
+    def bad(node, problem):
+        raise ImportRefused(file, where, f"its forward runs {node.kind()} ({problem}); only the exporters' recurrent "
+                            "form maps", FIX_RNN)
+    for node in graph.nodes():
+        k = node.kind()
+        ins, outs = list(node.inputs()), list(node.outputs())
+        u = [i.unique() for i in ins]
+        if k == "prim::Constant":
+            continue
+        if k == "prim::GetAttr" and u[0] in mods:
+            parent, ppath = mods[u[0]]
+            name = node.s("name")
+            child = getattr(parent, name)
+            if hasattr(child, "_c"):
+                mods[outs[0].unique()] = (child, f"{ppath}.{name}" if ppath else name)
+            elif parent is top and name in want_bufs:
+                val[outs[0].unique()] = f"buf:{name}"
+            else:
+                bad(node, f"reads the attribute '{name}', not a submodule or a state buffer")
+            continue
+        if k == "aten::unsqueeze" and u[0] == cur and _const_of(ins[1]) == 0 and not called:
+            val[outs[0].unique()] = "seq"
+            cur = None
+            continue
+        if k == "prim::TupleConstruct" and kind == "lstm" and [val.get(x) for x in u] == ["buf:hidden_state",
+                                                                                           "buf:cell_state"]:
+            val[outs[0].unique()] = "state"
+            continue
+        if k == "prim::CallMethod" and u[0] in mods:
+            child, cpath = mods[u[0]]
+            if child is rnn:
+                state = "state" if kind == "lstm" else "buf:hidden_state"
+                if called or len(u) != 3 or val.get(u[1]) != "seq" or val.get(u[2]) != state:
+                    bad(node, f"calls '{rnn_path}' other than once as {rnn_path}(x.unsqueeze(0), "
+                        f"{'(hidden_state, cell_state)' if kind == 'lstm' else 'hidden_state'})")
+                called = True
+                steps.append(("rnn", rnn_path, rnn))
+                val[outs[0].unique()] = "rnn_out"
+                continue
+            if node.s("name") == "forward" and len(u) == 2 and u[1] == cur and cur is not None:
+                _walk(file, child, cpath, steps)
+                cur = outs[0].unique()
+                continue
+            bad(node, f"a call of '{cpath}' that is not a step of the chain")
+        if k == "prim::TupleUnpack":
+            src = val.get(u[0])
+            if src == "rnn_out" and len(outs) == 2:
+                val[outs[0].unique()] = "yseq"
+                val[outs[1].unique()] = "new_state" if kind == "lstm" else "new:hidden_state"
+                continue
+            if src == "new_state" and len(outs) == 2:
+                val[outs[0].unique()] = "new:hidden_state"
+                val[outs[1].unique()] = "new:cell_state"
+                continue
+            bad(node, "unpacks something other than the recurrent layer's output")
+        if k == "aten::slice" and str(val.get(u[0], "")).startswith("buf:"):
+            if [_const_of(i) for i in ins[1:]] != [0, None, None, 1]:
+                bad(node, "a slice of a state buffer other than [:]")
+            val[outs[0].unique()] = "slice:" + val[u[0]][4:]
+            continue
+        if k == "aten::copy_" and str(val.get(u[0], "")).startswith("slice:"):
+            name = val[u[0]][6:]
+            if val.get(u[1]) != f"new:{name}":
+                bad(node, f"writes into {name} something other than the recurrent layer's new {name}")
+            written[name] = written.get(name, 0) + 1
+            continue
+        if k == "aten::squeeze" and val.get(u[0]) == "yseq" and len(ins) == 2 and _const_of(ins[1]) == 0:
+            cur = outs[0].unique()
+            continue
+        bad(node, "not part of normalizer -> rnn(x.unsqueeze(0), state) -> state[:] = new state -> "
+                  "actor(out.squeeze(0))")
+    outs = list(graph.outputs())
+    if not called:
+        raise ImportRefused(file, where, f"its forward never calls '{rnn_path}'", FIX_RNN)
+    for name in want_bufs:
+        if written.get(name) != 1:
+            raise ImportRefused(file, f"buffer '{name}'", f"is written {written.get(name, 0)} times by forward, "
+                                "expected once (state[:] = the new state): the state would not be carried", FIX_RNN)
+    if len(outs) != 1 or cur is None or outs[0].unique() != cur:
+        raise ImportRefused(file, where, "its forward does not return the result of its chain (e.g. it returns the "
+                            "state too)", FIX_RNN)
+    return steps
 
 
 def _walk(file, m, path, steps):
@@ -148,16 +299,21 @@ def _np(t):
 def fold(file, module):
     """The recognised policy as :class:`Folded`, plus the compute dtype of its weights."""
     torch = _torch(file)
-    _refuse_recurrent(file, module)
+    rec = _recurrent_parts(file, module)
     steps = []
-    _walk(file, module, "", steps)
+    if rec is None:
+        _walk(file, module, "", steps)
+    else:
+        steps = _walk_recurrent(file, module, *rec)
     linears = [s for s in steps if s[0] == "torch.nn:Linear"]
     if not linears:
         raise ImportRefused(file, _label("", module), "no Linear layer was found on the way to the action", FIX)
-    n_features = int(linears[0][2].weight.shape[1])
-    dtype = {torch.float32: "float32", torch.float64: "float64"}.get(linears[0][2].weight.dtype)
+    first = rec[1] if rec else linears[0][2]
+    weight = first.weight_ih_l0 if rec else first.weight
+    n_features = int(weight.shape[1])
+    dtype = {torch.float32: "float32", torch.float64: "float64"}.get(weight.dtype)
     if dtype is None:
-        raise ImportRefused(file, _label(linears[0][1], linears[0][2]), f"weights are {linears[0][2].weight.dtype}",
+        raise ImportRefused(file, _label(rec[0] if rec else linears[0][1], first), f"weights are {weight.dtype}",
                             "export the policy in float32 (module.float())")
     b = Builder(file, n_features)
     i = 0
@@ -167,6 +323,8 @@ def fold(file, module):
         name = kind.split(":", 1)[-1]
         if kind == "normalizer":
             _normalizer(file, b, m, where, torch)
+        elif kind == "rnn":
+            _rnn(b, m, path, where)
         elif name == "Linear":
             W = _np(m.weight).T
             bias = _np(m.bias) if getattr(m, "bias", None) is not None else None
@@ -186,7 +344,24 @@ def fold(file, module):
         else:
             raise ImportRefused(file, where, f"type {_qualname(m)} is not supported here", FIX)
         i += 1
-    return b.finish(_label("", module)), dtype
+    folded = b.finish(_label("", module))
+    if rec:
+        folded.state = {"buffers": {"h": "hidden_state", **({"c": "cell_state"} if rec[2] == "lstm" else {})},
+                        "shape": [1, 1, int(rec[1].hidden_size)]}
+    return folded, dtype
+
+
+def _rnn(b, m, path, where):
+    """nn.LSTM / nn.GRU -> the recurrent layer (torch's layout and gate order are the model file's)."""
+    kind = m.original_name.lower()
+    params = dict(m.named_parameters())
+    for n in ("weight_ih_l0", "weight_hh_l0"):
+        if n not in params:
+            raise ImportRefused(b.file, where, f"has no parameter {n} (it has {sorted(params)})", FIX_RNN)
+    bias = [_np(params[n]) if n in params else None for n in ("bias_ih_l0", "bias_hh_l0")]
+    W_ih, W_hh = _np(params["weight_ih_l0"]), _np(params["weight_hh_l0"])
+    b.recurrent_layer(kind, W_ih, W_hh, bias[0], bias[1], where,
+                      f"{m.original_name} '{path}' {W_ih.shape[1]} -> H={W_hh.shape[1]} (torch gate order)")
 
 
 def _alpha(file, name, m, where):
