@@ -24,14 +24,29 @@ SCHEMA = {
         "clock": ("timer", str, '"timer" or "sensor"'),
         "deadline_us": (0, _NUM, "microseconds >= 0 (0 = one period)"),
         "catch_up": ("skip", str, '"skip" or "burst"'),
-        "spin_us": (150, _NUM, "microseconds, 0 to one period"),
+        # "auto": min(150 us, 30 % of the period) (resolve_spin_us)
+        "spin_us": ("auto", (int, float, str), '"auto" or microseconds, 0 to one period'),
         "duration_s": (0, _NUM, "seconds >= 0 (0 = until a signal)"),
+        # the policy's rate: every tick drains, validates, counts and runs the watchdog; the policy runs on
+        # one tick in `decimation` (resolve_decimation). At most one of the two; 0 = not set
+        "policy_rate_hz": (0, _NUM, "a rate in Hz that divides loop.rate_hz, or 0 (= rate_hz)"),
+        "decimation": (0, int, "an integer >= 1, or 0 (= 1: the policy runs every tick)"),
+        # timer clock: move the schedule so the frames of a periodic stream land phase_margin_us before a tick
+        "phase_lock": (False, bool, "true or false"),
+        "phase_margin_us": (100, _NUM, "microseconds, > 0 and below half a period"),
+    },
+    # how frames become the policy's input
+    "policy": {
+        "history": (1, int, "an integer >= 1 (frames stacked into the policy's input)"),
+        "history_order": ("oldest_first", str, '"oldest_first" or "newest_first"'),
     },
     "watchdog": {
         "stale_after_ms": (5.0, _NUM, "milliseconds > 0"),
         # "auto": class 0 for an argmax policy, "offset" for a continuous one (resolve_safe_action)
         "safe_action": ("auto", (int, str, list), 'a class index, a list of floats (one per action), "offset", '
                         '"hold" or "auto"'),
+        # recurrent policies: zero the state when the watchdog trips (an episode ends), as rsl_rl resets on done
+        "reset_state": (True, bool, "true or false"),
     },
     "limits": {
         "max_frame_bytes": (4096, int, "bytes, 64 to 1048576"),
@@ -109,6 +124,9 @@ def load_config(path=None, overrides: dict | None = None) -> dict:
         sec, key = dotted.split(".")
         cfg[sec][key] = value
     validate(cfg, path)
+    # "auto" resolved here, so every reader (node, doctor) sees microseconds; what was asked stays beside it
+    cfg["loop"]["spin_us_from"] = "auto" if isinstance(cfg["loop"]["spin_us"], str) else "config"
+    cfg["loop"]["spin_us"] = resolve_spin_us(cfg)
     cfg["endpoints"] = {k: endpoints.expand(v) for k, v in cfg["endpoints"].items()}
     cfg["source"] = os.fspath(path)
     return cfg
@@ -135,8 +153,24 @@ def validate(cfg: dict, path="(config)") -> None:
         bad("loop.catch_up", 'use "skip" or "burst"')
     if lp["deadline_us"] < 0:
         bad("loop.deadline_us", "use 0 (one period) or a positive number of microseconds")
-    if not 0 <= lp["spin_us"] * 1e3 <= 1e9 / lp["rate_hz"]:
+    if isinstance(lp["spin_us"], str):
+        if lp["spin_us"] != "auto":
+            bad("loop.spin_us", f'use "auto" (min({SPIN_AUTO_MAX_US:g} us, {SPIN_AUTO_SHARE:.0%} of the period)) '
+                "or 0 up to one period in microseconds")
+    elif not 0 <= lp["spin_us"] * 1e3 <= 1e9 / lp["rate_hz"]:
         bad("loop.spin_us", "use 0 up to one period in microseconds")
+    resolve_decimation(cfg, path)
+    if lp["phase_lock"] and not 0 < lp["phase_margin_us"] * 1e3 < 0.5e9 / lp["rate_hz"]:
+        bad("loop.phase_margin_us", f"use a positive number of microseconds below half a period "
+            f"({0.5e6 / lp['rate_hz']:g} us), e.g. {min(100, 0.3 * 1e6 / lp['rate_hz']):g}")
+    if lp["phase_lock"] and lp["clock"] != "timer":
+        bad("loop.phase_lock", 'use clock = "timer" (the sensor clock follows the frames by itself), or set '
+            "phase_lock = false", 'is true with clock = "sensor"')
+    po = cfg["policy"]
+    if po["history"] < 1:
+        bad("policy.history", "use 1 (the frame alone) or more frames")
+    if po["history_order"] not in ("oldest_first", "newest_first"):
+        bad("policy.history_order", 'use "oldest_first" (the default) or "newest_first"')
     if lp["duration_s"] < 0:
         bad("loop.duration_s", "use 0 (until a signal) or a positive number of seconds")
     if not wd["stale_after_ms"] > 0:
@@ -198,6 +232,66 @@ def validate(cfg: dict, path="(config)") -> None:
     if len(set(eps.values())) != len(eps):
         bad("endpoints.sensor", "give sensor, action and diagnostics three different endpoints",
             "two endpoints are the same")
+
+
+SPIN_AUTO_MAX_US = 150.0     # spin_us = "auto": this, or SPIN_AUTO_SHARE of the period when shorter
+SPIN_AUTO_SHARE = 0.3
+
+
+def resolve_spin_us(cfg: dict) -> float:
+    """The spin window in microseconds: ``[loop] spin_us`` as given, or for ``"auto"`` (the default)
+    min(150 us, 30 % of the period), so a 10 kHz loop (100 us period) spins 30 us, not more than a period."""
+    v = cfg["loop"]["spin_us"]
+    if isinstance(v, str):
+        return min(SPIN_AUTO_MAX_US, SPIN_AUTO_SHARE * 1e6 / float(cfg["loop"]["rate_hz"]))
+    return float(v)
+
+
+def resolve_decimation(cfg: dict, path="(config)") -> int:
+    """Ticks per policy step from ``[loop] policy_rate_hz`` or ``[loop] decimation`` (at most one of them);
+    1 when neither is set. Raises :class:`ConfigError` naming the field and the fix: the loop rate must be
+    an integer multiple of the policy rate, and decimation needs the timer clock."""
+    lp = cfg["loop"]
+    rate, prate, dec = float(lp["rate_hz"]), lp["policy_rate_hz"], lp["decimation"]
+    if prate and dec:
+        raise ConfigError(path, "loop.policy_rate_hz", f"is set ({prate!r}) and so is loop.decimation ({dec!r})",
+                          "set only one of them: policy_rate_hz = rate_hz / decimation")
+    if dec < 0:
+        raise ConfigError(path, "loop.decimation", f"invalid value {dec!r}",
+                          "use an integer >= 1 (the policy runs every Nth tick), or 0 (every tick)")
+    if prate < 0 or prate > rate:
+        raise ConfigError(path, "loop.policy_rate_hz", f"invalid value {prate!r}",
+                          f"use a rate from 1 Hz up to loop.rate_hz ({rate:g} Hz) that divides it, or 0 (= rate_hz)")
+    if prate:
+        n = round(rate / prate)
+        if n < 1 or abs(n * prate - rate) > 1e-9 * rate:
+            near = sorted({rate / m for m in (max(1, math.floor(rate / prate)), math.ceil(rate / prate))
+                           if m >= 1})
+            raise ConfigError(path, "loop.policy_rate_hz",
+                              f"{prate:g} Hz does not divide loop.rate_hz {rate:g} Hz "
+                              f"(the loop rate must be an integer multiple of the policy rate)",
+                              "use a rate that divides it, e.g. " + " or ".join(f"{r:g}" for r in near)
+                              + f" Hz, or set loop.decimation = N (policy at {rate:g} / N Hz)")
+    else:
+        n = dec or 1
+    if n > 1 and lp["clock"] != "timer":
+        field = "loop.policy_rate_hz" if prate else "loop.decimation"
+        raise ConfigError(path, field, f"asks for decimation {n} with clock = {lp['clock']!r}",
+                          'use clock = "timer" (decimation counts ticks), or remove it')
+    return int(n)
+
+
+def resolve_history(cfg: dict, n_features: int, path="(config)") -> int:
+    """The frame width for ``[policy] history = N`` and a policy with ``n_features`` inputs: n_features / N.
+    Raises :class:`ConfigError` naming ``policy.history`` unless N divides n_features."""
+    n = cfg["policy"]["history"]
+    if n_features % n:
+        divs = [d for d in range(1, n_features + 1) if n_features % d == 0]
+        raise ConfigError(path, "policy.history",
+                          f"is {n}, but the policy's {n_features} inputs are not {n} frames of equal width",
+                          f"use a history that divides {n_features} ({', '.join(map(str, divs))}): "
+                          f"the frame width is then {n_features} / history")
+    return n_features // n
 
 
 SAFE_ACTION_WORDS = ("auto", "hold", "offset")

@@ -160,6 +160,35 @@ def describe_policy(info: dict) -> str:
             + ("hold (else class 0)" if sa["hold"] else f"class {sa['class']}"))
 
 
+def policy_rate_figures(arrays: dict, rate_hz: float, decimation: int, inference_ticks: int, cycles: int,
+                        complete: bool) -> dict:
+    """summary.json ``policy_rate``: loop and policy rate, inference and hold tick counts, and the cycle time
+    of each kind of tick (wake -> published) from the ring's FLAG_INFER (the last ring_cycles cycles)."""
+    flags = arrays["flags"]
+    ct = arrays["cycle_time_ns"]
+    infer = (flags & rundir.FLAG_INFER) != 0
+    return {"loop_rate_hz": rate_hz, "policy_rate_hz": rate_hz / decimation, "decimation": decimation,
+            "inference_ticks": inference_ticks, "hold_ticks": cycles - inference_ticks,
+            "cycle_time_infer_ns": rundir.describe(ct[infer]), "cycle_time_hold_ns": rundir.describe(ct[~infer]),
+            "source": "ring (whole run)" if complete else f"ring (last {int(flags.size)} cycles)"}
+
+
+def phase_lock_figures(loop, arrays: dict) -> dict:
+    """summary.json ``phase_lock``: whether it ran, its margin and step bounds, every shift (count, how many
+    moved earlier because the probe found the frame early, net, sum of magnitudes, largest), the last tick -
+    t_ns - margin, and the lead of the frames (tick - t_ns, on ticks with a new frame) over the ring."""
+    age, wake = arrays["input_age_ns"], arrays["wake_latency_ns"]
+    new = ((arrays["flags"] & rundir.FLAG_NEW_FRAME) != 0) & (age >= 0) & (wake >= 0)
+    lead = age[new] - wake[new]             # t_wake - t_ns - (t_wake - tick) = tick - t_ns
+    return {"enabled": bool(loop.phase_lock), "margin_ns": int(loop.phase_margin_ns),
+            "max_slew_ns_per_cycle": int(loop.phase_max_slew_ns), "min_step_ns": int(loop.phase_min_step_ns),
+            "shifts": int(loop.phase_shifts), "early": int(loop.phase_early),
+            "net_shift_ns": int(loop.phase_offset_ns), "abs_shift_ns": int(loop.phase_shift_abs_ns),
+            "max_shift_ns": int(loop.phase_shift_max_ns), "last_error_ns": int(loop.phase_error_ns),
+            "shift_ticks": int(((arrays["flags"] & rundir.FLAG_PHASE_SHIFT) != 0).sum()),
+            "frame_lead_ns": rundir.describe(lead)}
+
+
 class Node:
     def __init__(self, cfg: dict, model_path=None, run_dir=None, quiet=False):
         self.cfg = cfg
@@ -179,9 +208,15 @@ class Node:
             raise UserError(f"model file {self.model_path} does not exist. Fix: run `control-node train` "
                             f"(writes models/iris.npz) or pass --model PATH")
         policy = Policy.load(self.model_path)       # validates and proves kernel == reference
-        from control_node.config import resolve_safe_action
-        safe = resolve_safe_action(wd["safe_action"], policy, cfg.get("source", "(config)"))
+        from control_node.config import resolve_decimation, resolve_history, resolve_safe_action, resolve_spin_us
+        source = cfg.get("source", "(config)")
+        safe = resolve_safe_action(wd["safe_action"], policy, source)
+        decimation = resolve_decimation(cfg, source)
+        frame_width = resolve_history(cfg, int(policy.n_features), source)
+        spin_us = resolve_spin_us(cfg)
         info = policy_info(policy, safe)
+        info["history"] = {"frames": int(cfg["policy"]["history"]), "order": cfg["policy"]["history_order"],
+                           "frame_width": int(frame_width)}
         rate = float(lp["rate_hz"])
         period_ns = int(round(1e9 / rate))
         duration = float(lp["duration_s"])
@@ -201,11 +236,15 @@ class Node:
             loop = RtLoop(policy, sockets.sensor.underlying, sockets.action.underlying, libzmq_functions(),
                           period_ns=period_ns,
                           deadline_ns=int(lp["deadline_us"] * 1000) or period_ns,
-                          stale_after_ns=int(wd["stale_after_ms"] * 1e6), spin_ns=int(lp["spin_us"] * 1000),
+                          stale_after_ns=int(wd["stale_after_ms"] * 1e6), spin_ns=int(spin_us * 1000),
                           max_cycles=int(round(duration * rate)) if lp["clock"] == "timer" else 0,
                           sensor_clock=lp["clock"] == "sensor", catch_up_skip=lp["catch_up"] == "skip",
                           safe_action=safe["class"] or 0, hold_last=safe["hold"],
-                          max_frame_bytes=lim["max_frame_bytes"], ring_cycles=ring, safe_u=safe["u"])
+                          max_frame_bytes=lim["max_frame_bytes"], ring_cycles=ring, safe_u=safe["u"],
+                          decimation=decimation, history=int(cfg["policy"]["history"]),
+                          history_newest_first=cfg["policy"]["history_order"] == "newest_first",
+                          phase_lock=bool(lp["phase_lock"]), phase_margin_ns=int(round(lp["phase_margin_us"] * 1e3)) if lp["phase_lock"] else 0,
+                          reset_on_trip=bool(wd["reset_state"]))
             from control_node.loop.realtime import choose_cpu
             loop_cpu = choose_cpu(cfg["realtime"]["cpu"])
             rt_ref = {}
@@ -217,8 +256,12 @@ class Node:
             rt_session = setup_realtime(cfg["realtime"])
             rt_ref["rt"] = rt_session.report
             if not self.quiet:
-                print(f"[node] model {policy} isa={policy.isa}; {describe_policy(info)}; {rate:g} Hz "
-                      f"{lp['clock']} clock; rt: {rt_summary_line(rt_session.report)}", file=sys.stderr, flush=True)
+                extra = (f" (policy {rate / decimation:g} Hz, decimation {decimation})" if decimation > 1 else "")
+                extra += (f"; history {info['history']['frames']} x {frame_width} features "
+                          f"{info['history']['order']}" if info["history"]["frames"] > 1 else "")
+                print(f"[node] model {policy} isa={policy.isa}; {describe_policy(info)}; {rate:g} Hz{extra} "
+                      f"{lp['clock']} clock, spin {spin_us:g} us; rt: {rt_summary_line(rt_session.report)}",
+                      file=sys.stderr, flush=True)
             t_start = time.monotonic_ns()
             run_until = t_start + int(duration * 1e9) + period_ns if (duration > 0 and lp["clock"] == "sensor") else 0
             loop.run(0, run_until)
@@ -238,10 +281,10 @@ class Node:
             os.close(sig_r)
             os.close(sig_w)
         return self._write_run_dir(policy, loop, rt_ref.get("rt", {}), started_at, period_ns, ru0, ru1,
-                                   diag.signal_received, rundir.HIST_NAMES, info)
+                                   diag.signal_received, rundir.HIST_NAMES, info, spin_us)
 
     def _write_run_dir(self, policy, loop, rt_report, started_at, period_ns, ru0, ru1, stop_signal, hist_names,
-                       info):
+                       info, spin_us):
         import psutil
 
         from control_node.diagnosis import machine_facts
@@ -271,6 +314,16 @@ class Node:
             "role": "node", "format": rundir.SUMMARY_FORMAT, "run_id": os.path.basename(os.path.normpath(run_dir)),
             "started_at": started_at, "duration_s": duration_s,
             "rate_hz": float(cfg["loop"]["rate_hz"]), "period_ns": period_ns, "clock_mode": cfg["loop"]["clock"],
+            "spin_us": float(spin_us), "spin_us_from": cfg["loop"].get("spin_us_from", "config"),
+            # the policy's schedule: its rate, and the cost of an inference tick against a hold tick
+            "recurrent": ({"kind": policy.recurrent, "hidden_size": int(policy.hidden_size),
+                           "reset_on_watchdog_trip": bool(loop.reset_on_trip),
+                           "state_resets_watchdog": int(loop.state_resets),
+                           "state_resets_nonfinite": int(policy.state_resets_nonfinite)}
+                          if policy.hidden_size else None),
+            "policy_rate": policy_rate_figures(arrays, float(cfg["loop"]["rate_hz"]), int(loop.decimation),
+                                               int(loop.inference_ticks), int(loop.cycles), complete),
+            "phase_lock": phase_lock_figures(loop, arrays),
             "cycles": int(loop.cycles),
             "achieved_rate_hz": loop.cycles / duration_s if duration_s > 0 else 0.0,
             "deadline_misses": int(loop.deadline_misses), "skipped_ticks": int(loop.skipped_ticks),

@@ -31,9 +31,12 @@ FLAGS = {
     "safe": 8,              # the published action is the safe action
     "new_frame": 16,        # the cycle acted on a frame it had not acted on before
     "no_frame_yet": 32,     # no valid frame since start: the seq in the ring is meaningless
+    "infer": 64,            # an inference tick: the policy ran (else a hold tick: the last action again)
+    "phase_shift": 128,     # phase lock moved the schedule after this tick (its frame's lead was off the margin)
 }
 FLAG_MISS, FLAG_STALE, FLAG_REJECTED = FLAGS["miss"], FLAGS["stale"], FLAGS["rejected"]
 FLAG_SAFE, FLAG_NEW_FRAME, FLAG_NO_FRAME_YET = FLAGS["safe"], FLAGS["new_frame"], FLAGS["no_frame_yet"]
+FLAG_INFER, FLAG_PHASE_SHIFT = FLAGS["infer"], FLAGS["phase_shift"]
 
 # why a frame was rejected; index = CN_* code in loop/frame_codec.h ("ok" = 0 is never counted)
 REASONS = ("ok", "oversized", "multipart", "malformed", "not_a_map", "missing_field", "wrong_type",

@@ -92,11 +92,17 @@ cdef enum:
     FLAG_SAFE = 8
     FLAG_NEW_FRAME = 16
     FLAG_NO_FRAME_YET = 32     # no valid frame since start: seq in the ring is meaningless
+    FLAG_INFER = 64            # the policy ran this tick (an inference tick; else a hold tick)
+    FLAG_PHASE_SHIFT = 128     # phase lock moved the schedule after this tick
 
 # the ring's "action" of a continuous policy's cycle (rundir.ACTION_POLICY / ACTION_SAFE, checked below)
 cdef enum:
     ACTION_POLICY = 0
     ACTION_SAFE = -1
+
+# phase lock: a late frame moves the schedule this many steps later, an early one one step earlier, so
+# the lock settles with 1 frame in PHASE_LATE_STEPS + 1 (10 %) later than tick - phase_margin_ns
+DEF PHASE_LATE_STEPS = 9
 
 # streaming histograms (whole run): rows in control_node.rundir.HIST_NAMES order
 DEF H_WAKE = 0
@@ -141,6 +147,22 @@ cdef class RtLoop:
     # settings
     cdef public int64_t period_ns, deadline_ns, stale_after_ns, spin_ns, max_cycles, run_until_ns
     cdef public int sensor_clock, catch_up_skip, safe_action, hold_last, n_features
+    # decimation: the policy runs on one tick in `decimation` (see _schedule); history: frames per input
+    cdef readonly int decimation, history, frame_width
+    cdef readonly bint history_newest_first
+    cdef bint infer_pending             # a policy tick came and the policy has not run since
+    cdef bint fresh                     # a valid frame arrived that the policy has not acted on
+    cdef int h_head, h_count            # history ring: slot of the newest frame, frames held (0: refill)
+    cdef uint64_t act_seq               # the frame the last inference acted on (published on hold ticks)
+    cdef int64_t act_tns
+    cdef bint act_have
+    # phase lock (timer clock): the schedule's offset, moved so frames land phase_margin_ns before the tick
+    cdef readonly bint phase_lock
+    cdef readonly int64_t phase_margin_ns, phase_max_slew_ns, phase_offset_ns
+    cdef readonly int64_t phase_shifts, phase_shift_abs_ns, phase_shift_max_ns, phase_error_ns
+    cdef readonly int64_t phase_early, phase_min_step_ns, phase_step_ns
+    cdef int phase_dir
+    cdef int64_t phase_run
     cdef readonly bint continuous       # the policy's head: continuous (v2 actions) or argmax (v1)
     cdef readonly int n_actions
     cdef size_t rx_cap
@@ -152,6 +174,8 @@ cdef class RtLoop:
     cdef double *x_cur
     cdef double *x_new
     cdef double *scratch
+    cdef double *x_in                   # the policy's input: history frames stacked (history > 1)
+    cdef double *h_ring                 # the last `history` frames acted on, frame_width each
     # continuous policies: the policy's output, the last good action, the safe action (n_actions each)
     cdef double *u_new
     cdef double *u_last
@@ -160,6 +184,10 @@ cdef class RtLoop:
     # counters (read by the diagnostics thread while running: benign races on int64)
     cdef readonly int64_t cycles, deadline_misses, skipped_ticks, stale_cycles, safe_actions
     cdef readonly int64_t superseded, frames_valid, send_failures, recv_errors, t0_ns, t_end_ns
+    cdef readonly int64_t inference_ticks
+    # recurrent policies: the state is zeroed at start and (reset_on_trip) when the watchdog trips
+    cdef public bint reset_on_trip
+    cdef readonly int64_t state_resets
     cdef int64_t rejected[CN_N_REASONS]
     cdef volatile int stop_flag
     # ring of per-cycle records
@@ -187,13 +215,40 @@ cdef class RtLoop:
     def __init__(self, Policy policy, size_t sub_handle, size_t pub_handle, dict fns, *,
                  int64_t period_ns, int64_t deadline_ns, int64_t stale_after_ns, int64_t spin_ns,
                  int64_t max_cycles, bint sensor_clock, bint catch_up_skip, int safe_action, bint hold_last,
-                 size_t max_frame_bytes, int64_t ring_cycles, object safe_u=None, int64_t action_ring_cycles=0):
+                 size_t max_frame_bytes, int64_t ring_cycles, object safe_u=None, int64_t action_ring_cycles=0,
+                 int decimation=1, int history=1, bint history_newest_first=False, bint phase_lock=False,
+                 int64_t phase_margin_ns=100_000, bint reset_on_trip=True):
         """safe_action/hold_last: argmax policies (a class index; hold = repeat the last class).
         Continuous policies: ``safe_u`` is the safe action vector (n_actions finite floats; None: the
         head's offset), ``hold_last`` publishes the last good action instead once there is one;
-        ``action_ring_cycles`` the cycles the action ring keeps (0: rundir.action_ring_capacity)."""
+        ``action_ring_cycles`` the cycles the action ring keeps (0: rundir.action_ring_capacity).
+        ``decimation``: the policy runs on one tick in N (timer clock; _schedule); ``history``: frames of
+        n_features / history each stacked into the policy's input, oldest first unless history_newest_first."""
         self.policy = policy
+        self.reset_on_trip = reset_on_trip
+        self.state_resets = 0
         self.n_features = policy.n_features
+        if decimation < 1 or (decimation > 1 and sensor_clock):
+            raise ValueError(f"decimation must be >= 1 (and 1 with the sensor clock); got {decimation}")
+        if history < 1 or self.n_features % history:
+            raise ValueError(f"history must divide the policy's {self.n_features} inputs; got {history}")
+        self.decimation, self.history = decimation, history
+        self.frame_width = self.n_features // history
+        self.history_newest_first = history_newest_first
+        self.infer_pending, self.fresh = True, False
+        self.h_head, self.h_count = 0, 0
+        self.act_seq, self.act_tns, self.act_have = 0, -1, False
+        self.inference_ticks = 0
+        if phase_lock and (sensor_clock or not 0 < phase_margin_ns < period_ns // 2):     # (off: not used)
+            raise ValueError("phase lock needs the timer clock and a margin below half a period")
+        self.phase_lock, self.phase_margin_ns = phase_lock, phase_margin_ns
+        self.phase_max_slew_ns = max(<int64_t> 1, period_ns // 100)
+        self.phase_offset_ns = self.phase_shifts = self.phase_shift_abs_ns = self.phase_shift_max_ns = 0
+        self.phase_error_ns = self.phase_early = 0
+        self.phase_min_step_ns = max(<int64_t> 1, period_ns // 2000)
+        self.phase_step_ns = self.phase_min_step_ns
+        self.phase_dir = 0
+        self.phase_run = 0
         self.continuous = policy.continuous
         self.n_actions = policy.n_actions
         if self.continuous:
@@ -233,11 +288,14 @@ cdef class RtLoop:
         self.run_until_ns = 0
         # +1 byte: a frame that fills rx_cap + 1 is known to be oversized
         rx = np.zeros(max_frame_bytes + 1, dtype=np.uint8)
-        xs = np.zeros((3, self.n_features), dtype=np.float64)
+        xs = np.zeros((3, self.frame_width), dtype=np.float64)
+        xh = np.zeros((2, self.n_features), dtype=np.float64)       # x_in, then the history ring
         self.rx = <uint8_t *> cnp.PyArray_DATA(rx)
         self.x_cur = <double *> cnp.PyArray_DATA(xs)
-        self.x_new = self.x_cur + self.n_features
-        self.scratch = self.x_new + self.n_features
+        self.x_new = self.x_cur + self.frame_width
+        self.scratch = self.x_new + self.frame_width
+        self.x_in = <double *> cnp.PyArray_DATA(xh)
+        self.h_ring = self.x_in + self.n_features
         self.capacity = max(ring_cycles, 1)
         n = self.capacity
         ring = rundir.new_ring(n)
@@ -266,7 +324,7 @@ cdef class RtLoop:
             self.action_capacity = 0
             self.action_ring = None
             self.r_u = NULL
-        self._keep = (rx, xs, tx, us)
+        self._keep = (rx, xs, xh, tx, us)
         cdef int i
         for i in range(CN_N_REASONS):
             self.rejected[i] = 0
@@ -296,6 +354,7 @@ cdef class RtLoop:
             t0_ns = now_ns() + self.period_ns
         self.t0_ns = t0_ns
         self.run_until_ns = run_until_ns
+        self.policy.reset_ptr()          # a recurrent policy starts from zero state (no-op otherwise)
         with nogil:
             if self.sensor_clock:
                 self._run_sensor_clock()
@@ -333,7 +392,7 @@ cdef class RtLoop:
             elif <size_t> n > self.rx_cap:
                 reason = CN_OVERSIZED
             else:
-                reason = cn_decode_frame(self.rx, n, self.n_features, self.scratch, self.x_new, &seq, &tns)
+                reason = cn_decode_frame(self.rx, n, self.frame_width, self.scratch, self.x_new, &seq, &tns)
                 if reason == CN_OK and have_seq[0] and not accept_any_seq and seq <= seq_io[0]:
                     reason = CN_SEQ_NOT_INCREASING
             if reason != CN_OK:
@@ -344,7 +403,7 @@ cdef class RtLoop:
                 self.superseded += 1
             got = 1
             self.frames_valid += 1
-            memcpy(self.x_cur, self.x_new, sizeof(double) * self.n_features)
+            memcpy(self.x_cur, self.x_new, sizeof(double) * self.frame_width)
             seq_io[0] = seq
             have_seq[0] = True
             accept_any_seq = False
@@ -402,51 +461,105 @@ cdef class RtLoop:
         cn_hist_record(h + H_PERIOD * CN_HIST_BUCKETS, period)
         self.cycles += 1
 
-    cdef inline int _decide(self, int got, int64_t t_wake, int64_t *last_rx, int *last_action,
-                            bint *last_safe, bint *stale_state, uint8_t *flags) noexcept nogil:
-        """This cycle's action: the policy's for a new frame, the held one, or the safe one.
-        Sets FLAG_SAFE in flags when the safe action is chosen."""
-        cdef int a
+    cdef inline bint _schedule(self, int got, bint due, int64_t t_wake, int64_t *last_rx, bint *stale_state,
+                               bint *stale_now, uint64_t seq, int64_t tns, uint8_t *flags) noexcept nogil:
+        """Frame arrival, the watchdog and the policy's schedule: True when the policy runs this tick.
+
+        ``due``: this tick is a policy tick (the first tick at or after each multiple of decimation).
+        The policy runs on the first tick at or after a policy tick on which a valid frame it has not
+        acted on is held, so at most once per policy tick (tick 0 is one: at start, on the first frame).
+        The watchdog runs every tick, before that: ``stale_now`` (and FLAG_STALE) when no valid frame came
+        for stale_after. A trip empties the history and forgets a frame not acted on yet (it is older
+        than stale_after, so the policy never acts on it); the schedule is kept, so the first valid frame
+        after a trip is acted on at the first policy tick at or after it (at once when a policy tick
+        passed during the silence)."""
+        if due:
+            self.infer_pending = True
         if got & 1:
             last_rx[0] = t_wake
             stale_state[0] = False
-            flags[0] |= FLAG_NEW_FRAME
-            a = self.policy.predict_ptr(self.x_cur)
+            self.fresh = True
+        stale_now[0] = False
+        if last_rx[0] == 0 or t_wake - last_rx[0] > self.stale_after_ns:
+            if not stale_state[0]:
+                self.h_count = 0
+                self.fresh = False
+                if self.reset_on_trip and self.policy.hidden_size > 0:
+                    self.policy.reset_ptr()     # an episode ends: the next frame starts from zero state
+                    self.state_resets += 1
+            stale_state[0] = True
+            stale_now[0] = True
+            self.stale_cycles += 1
+            flags[0] |= FLAG_STALE
+        if self.infer_pending and self.fresh:
+            self.infer_pending = False
+            self.fresh = False
+            flags[0] |= FLAG_NEW_FRAME | FLAG_INFER
+            self.inference_ticks += 1
+            self.act_seq, self.act_tns, self.act_have = seq, tns, True
+            return True
+        return False
+
+    cdef inline double *_policy_input(self) noexcept nogil:
+        """The policy's input for this inference: x_cur (history 1), or x_cur pushed into the history
+        ring (an empty ring is filled with it: the missing slots repeat the first frame) and the ring
+        copied into x_in in the configured order."""
+        if self.history == 1:
+            return self.x_cur
+        cdef int n = self.history, w = self.frame_width, j, slot
+        cdef size_t fb = sizeof(double) * w
+        if self.h_count == 0:
+            for j in range(n):
+                memcpy(self.h_ring + j * w, self.x_cur, fb)
+            self.h_head = n - 1
+            self.h_count = 1
+        else:
+            self.h_head = (self.h_head + 1) % n
+            memcpy(self.h_ring + self.h_head * w, self.x_cur, fb)
+            if self.h_count < n:
+                self.h_count += 1
+        for j in range(n):
+            slot = (self.h_head - j + n) % n if self.history_newest_first else (self.h_head + 1 + j) % n
+            memcpy(self.x_in + j * w, self.h_ring + slot * w, fb)
+        return self.x_in
+
+    cdef inline int _decide(self, int got, bint due, int64_t t_wake, int64_t *last_rx, int *last_action,
+                            bint *last_safe, bint *stale_state, uint8_t *flags, uint64_t seq,
+                            int64_t tns) noexcept nogil:
+        """This cycle's action: the policy's on an inference tick, the held one, or the safe one.
+        Sets FLAG_SAFE in flags when the safe action is chosen."""
+        cdef int a
+        cdef bint stale
+        if self._schedule(got, due, t_wake, last_rx, stale_state, &stale, seq, tns, flags):
+            a = self.policy.predict_ptr(self._policy_input())
             if a < 0:       # logits overflowed: never publish garbage
                 self.rejected[CN_NON_FINITE_OUTPUT] += 1
                 last_safe[0] = True
             else:
                 last_action[0] = a
                 last_safe[0] = False
-        if last_rx[0] == 0 or t_wake - last_rx[0] > self.stale_after_ns:
-            stale_state[0] = True
-            self.stale_cycles += 1
-            flags[0] |= FLAG_STALE
+        if stale:
             last_safe[0] = True
         if last_safe[0]:
             flags[0] |= FLAG_SAFE
             return last_action[0] if (self.hold_last and last_action[0] >= 0) else self.safe_action
         return last_action[0]
 
-    cdef inline const double *_decide_u(self, int got, int64_t t_wake, int64_t *last_rx, bint *last_safe,
-                                        bint *stale_state, uint8_t *flags) noexcept nogil:
-        """_decide for a continuous policy: the action vector to publish (the policy's for a new
-        frame, the held one, or the safe one). A non-finite output never reaches u_last."""
-        if got & 1:
-            last_rx[0] = t_wake
-            stale_state[0] = False
-            flags[0] |= FLAG_NEW_FRAME
-            if self.policy.act_ptr(self.x_cur, self.u_new) < 0:     # an output not finite: u_new is garbage
+    cdef inline const double *_decide_u(self, int got, bint due, int64_t t_wake, int64_t *last_rx,
+                                        bint *last_safe, bint *stale_state, uint8_t *flags, uint64_t seq,
+                                        int64_t tns) noexcept nogil:
+        """_decide for a continuous policy: the action vector to publish (the policy's on an inference
+        tick, the held one, or the safe one). A non-finite output never reaches u_last."""
+        cdef bint stale
+        if self._schedule(got, due, t_wake, last_rx, stale_state, &stale, seq, tns, flags):
+            if self.policy.act_ptr(self._policy_input(), self.u_new) < 0:     # not finite: u_new is garbage
                 self.rejected[CN_NON_FINITE_OUTPUT] += 1
                 last_safe[0] = True
             else:
                 memcpy(self.u_last, self.u_new, sizeof(double) * self.n_actions)
                 self.u_have_good = True
                 last_safe[0] = False
-        if last_rx[0] == 0 or t_wake - last_rx[0] > self.stale_after_ns:
-            stale_state[0] = True
-            self.stale_cycles += 1
-            flags[0] |= FLAG_STALE
+        if stale:
             last_safe[0] = True
         if last_safe[0]:
             flags[0] |= FLAG_SAFE
@@ -454,20 +567,24 @@ cdef class RtLoop:
         return self.u_last
 
     cdef inline void _cycle(self, int64_t tick, int64_t wake_lat, int64_t t_wake, int64_t period, int got,
-                            uint64_t seq, bint have_seq, int64_t tns, int64_t *last_rx, int *last_action,
+                            bint due, uint64_t seq, bint have_seq, int64_t tns, int64_t *last_rx, int *last_action,
                             bint *last_safe, bint *stale_state) noexcept nogil:
         """The cycle after the read: decide (update), publish (write), then time and record it.
-        A cycle misses its deadline when it publishes later than deadline_ns after ``tick``."""
+        A cycle misses its deadline when it publishes later than deadline_ns after ``tick``. The policy's
+        answer (fresh or held) carries the seq / t_ns of the frame it was computed from; a safe action
+        those of the last valid frame."""
         cdef uint8_t flags = FLAG_REJECTED if got & 2 else 0
         cdef int64_t t_recv = now_ns()
         cdef int action
         cdef const double *u = NULL
         if self.continuous:
-            u = self._decide_u(got, t_wake, last_rx, last_safe, stale_state, &flags)
+            u = self._decide_u(got, due, t_wake, last_rx, last_safe, stale_state, &flags, seq, tns)
             action = ACTION_SAFE if flags & FLAG_SAFE else ACTION_POLICY
         else:
-            action = self._decide(got, t_wake, last_rx, last_action, last_safe, stale_state, &flags)
+            action = self._decide(got, due, t_wake, last_rx, last_action, last_safe, stale_state, &flags, seq, tns)
         cdef int64_t t_infer = now_ns()
+        if not (flags & FLAG_SAFE):
+            seq, tns, have_seq = self.act_seq, self.act_tns, self.act_have
         if self.continuous:
             self._publish_u(seq, have_seq, tns, u, flags & FLAG_SAFE)
         else:
@@ -484,37 +601,95 @@ cdef class RtLoop:
                      # input age only where the policy acted on a frame (not for safe actions)
                      (t_wake - tns) if (tns >= 0 and not (flags & FLAG_SAFE)) else -1, flags, action, seq)
 
+    cdef inline void _phase_step(self, int64_t tick, int64_t tns, bint early) noexcept nogil:
+        """Phase lock, after a tick that drained a new valid frame. ``early``: the frame was in the socket
+        at tick - phase_margin_ns but not yet at tick - period/2 (the probes). Early: the schedule moves
+        earlier by one step (frames waited longer than the margin); else (the frame came after tick -
+        margin, or already in the first half of the period, just after the previous tick) later by
+        PHASE_LATE_STEPS steps. So it settles where 1 frame in PHASE_LATE_STEPS + 1 comes later than
+        tick - margin: the margin holds for 90 % of the frames, whatever the transport's jitter. The step
+        (phase_min_step_ns, period / 2000) doubles every 16 cycles of a run longer than 32 in one
+        direction (acquiring a far phase), up to phase_max_slew_ns (1 % of a period) per cycle, and falls
+        back when the direction turns; ticks stay strictly increasing. phase_error_ns: tick - t_ns of the
+        frame minus the margin (the sender's stamp: one host only; recorded, not used)."""
+        self.phase_error_ns = tick - tns - self.phase_margin_ns
+        cdef int dirn = -1 if early else 1
+        if dirn == self.phase_dir:
+            self.phase_run += 1
+            if self.phase_run > 32 and self.phase_run % 16 == 0:
+                self.phase_step_ns = min(self.phase_step_ns * 2, self.phase_max_slew_ns)
+        else:
+            self.phase_run = 1
+            self.phase_step_ns = self.phase_min_step_ns
+        self.phase_dir = dirn
+        cdef int64_t mag = self.phase_step_ns if early else min(self.phase_step_ns * PHASE_LATE_STEPS,
+                                                                 self.phase_max_slew_ns)
+        self.phase_offset_ns += dirn * mag
+        self.phase_shifts += 1
+        if early:
+            self.phase_early += 1
+        self.phase_shift_abs_ns += mag
+        if mag > self.phase_shift_max_ns:
+            self.phase_shift_max_ns = mag
+        self.r_flags[(self.cycles - 1) % self.capacity] |= FLAG_PHASE_SHIFT
+
+    cdef inline int64_t _wait_until(self, int64_t t) noexcept nogil:
+        """Sleep to spin_ns before ``t``, then spin to it: sleeping alone wakes 50-80 us late (timer slack,
+        idle exit); spinning alone gets SCHED_FIFO throttled. Returns the wake time."""
+        cdef int64_t now = now_ns()
+        if t - now > self.spin_ns:
+            sleep_until(t - self.spin_ns)
+        now = now_ns()
+        while now < t:
+            now = now_ns()
+        return now
+
     cdef void _run_timer_clock(self) noexcept nogil:
-        cdef int64_t k = 0, tick, t_wake, prev_wake = 0, now, k_next
+        cdef int64_t k = 0, tick, t_wake, prev_wake = 0, now, k_next, next_due = 0
         cdef int64_t tns = -1, last_rx = 0, wake_lat, period
         cdef uint64_t seq = 0
         cdef bint have_seq = False, last_safe = True, stale_state = True
         cdef int last_action = -1, got
+        cdef bint due, early = False, mid = False
+        cdef zmq_pollitem_t probe
+        probe.socket = self.sub
+        probe.fd = 0
+        probe.events = ZMQ_POLLIN
         while not self.stop_flag:
             if self.max_cycles > 0 and self.cycles >= self.max_cycles:
                 break
-            tick = self.t0_ns + k * self.period_ns
+            tick = self.t0_ns + k * self.period_ns + self.phase_offset_ns
             if self.run_until_ns > 0 and tick >= self.run_until_ns:
                 break
-            # sleep to just before the tick, then spin: sleeping alone wakes 50-80 us late
-            # (timer slack, idle exit); spinning alone gets SCHED_FIFO throttled
-            now = now_ns()
-            if tick - now > self.spin_ns:
-                sleep_until(tick - self.spin_ns)
-            t_wake = now_ns()
-            while t_wake < tick:
-                t_wake = now_ns()
+            if self.phase_lock:
+                # two probes: is a frame in the socket half a period before the tick (it came just after
+                # the last tick: the schedule is early, move later), or only phase_margin_ns before it
+                # (it came early enough: move earlier), or not even then (late: move later)?
+                if tick - self.period_ns // 2 > now_ns():
+                    sleep_until(tick - self.period_ns // 2)        # no spin: a coarse probe
+                probe.revents = 0
+                mid = self.z_poll(&probe, 1, 0) > 0
+                self._wait_until(tick - self.phase_margin_ns)
+                probe.revents = 0
+                early = (not mid) and self.z_poll(&probe, 1, 0) > 0
+            t_wake = self._wait_until(tick)
             wake_lat = t_wake - tick
             period = t_wake - prev_wake if prev_wake else self.period_ns
             prev_wake = t_wake
             got = self._drain(&seq, &tns, &have_seq, stale_state)
-            self._cycle(tick, wake_lat, t_wake, period, got, seq, have_seq, tns,
+            # a policy tick: the first tick at or after each multiple of decimation (skipped ticks too)
+            due = k >= next_due
+            if due:
+                next_due = (k // self.decimation + 1) * self.decimation
+            self._cycle(tick, wake_lat, t_wake, period, got, due, seq, have_seq, tns,
                         &last_rx, &last_action, &last_safe, &stale_state)
+            if self.phase_lock and (got & 1) and tns >= 0:
+                self._phase_step(tick, tns, early)
             k += 1
             if self.catch_up_skip:
                 # every tick that already passed is skipped, and each one is a miss
                 now = now_ns()
-                k_next = (now - self.t0_ns) // self.period_ns + 1
+                k_next = (now - self.t0_ns - self.phase_offset_ns) // self.period_ns + 1
                 if k_next > k + 1:
                     self.skipped_ticks += k_next - k - 1
                     self.deadline_misses += k_next - k - 1
@@ -544,7 +719,7 @@ cdef class RtLoop:
             period = t_wake - prev_wake if prev_wake else 0
             prev_wake = t_wake
             # the frame's arrival is the tick: no wake-up lateness to measure
-            self._cycle(t_wake, -1, t_wake, period, got, seq, have_seq, tns,
+            self._cycle(t_wake, -1, t_wake, period, got, True, seq, have_seq, tns,
                         &last_rx, &last_action, &last_safe, &stale_state)
 
 
@@ -598,7 +773,8 @@ def compiled_constants():
     """The C constants this module was compiled with, for :func:`control_node.rundir.check_compiled`."""
     return {
         "flags": {"miss": FLAG_MISS, "stale": FLAG_STALE, "rejected": FLAG_REJECTED, "safe": FLAG_SAFE,
-                  "new_frame": FLAG_NEW_FRAME, "no_frame_yet": FLAG_NO_FRAME_YET},
+                  "new_frame": FLAG_NEW_FRAME, "no_frame_yet": FLAG_NO_FRAME_YET, "infer": FLAG_INFER,
+                  "phase_shift": FLAG_PHASE_SHIFT},
         "reasons": {"ok": CN_OK, "oversized": CN_OVERSIZED, "multipart": CN_MULTIPART, "malformed": CN_MALFORMED,
                     "not_a_map": CN_NOT_A_MAP, "missing_field": CN_MISSING_FIELD, "wrong_type": CN_WRONG_TYPE,
                     "feature_count": CN_FEATURE_COUNT, "non_finite": CN_NON_FINITE,

@@ -6,7 +6,7 @@ import html
 
 from control_node import rundir
 from control_node.report.load import PCT_LABELS, STAT_KEYS, METRIC_TITLES, EXTRA_COUNTERS
-from control_node.report.stats import all_stats, comparison, fmt_num, fmt_us, us_num
+from control_node.report.stats import all_stats, comparison, fmt_num, fmt_us, phase_lock_line, policy_rate_line, us_num
 
 CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:2em auto;max-width:1100px;
@@ -63,6 +63,12 @@ def run_html(rs: dict, pngs: dict) -> str:
             ["duration", _h(fmt_num(n.get("duration_s"))) + " s"],
             ["rate", f"{_h(None if rate is None else f'{rate:.3f}')} Hz achieved / {_h(n.get('rate_hz'))} Hz configured"],
             ["clock mode", _h(n.get("clock_mode"))], ["cycles", _h(n.get("cycles"))],
+            *([["policy rate", _h(policy_rate_line(n["policy_rate"]))]] if n.get("policy_rate") else []),
+            *([["phase lock", _h(phase_lock_line(n["phase_lock"]))]] if phase_lock_line(n.get("phase_lock"))
+              else []),
+            *([["policy input", _h(f"history {n['history']['frames']} x {n['history']['frame_width']} features, "
+                                   f"{n['history']['order']}")]]
+              if (n.get("history") or {}).get("frames", 1) > 1 else []),
             ["ring", _kv(n.get("ring"))],
             ["model", _kv(n.get("model"))], ["host", _kv(n.get("host"))]], numeric_from=99))
         ev = n["events"]

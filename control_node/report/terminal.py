@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from control_node.report.load import PCT_LABELS, STAT_KEYS, METRIC_TITLES, EXTRA_COUNTERS
-from control_node.report.stats import all_stats, comparison, fmt_num, fmt_us, us_num
+from control_node.report.stats import all_stats, comparison, fmt_num, fmt_us, phase_lock_line, policy_rate_line, us_num
 
 
 def _cell(ns):
@@ -21,6 +21,14 @@ def print_terminal(summaries: list[dict], console=None) -> None:
             console.print(f"rate {rate if rate is None else f'{rate:.2f}'} Hz achieved "
                           f"(configured {n.get('rate_hz')} Hz, clock {n.get('clock_mode')}), "
                           f"{n.get('cycles')} cycles over {fmt_num(n.get('duration_s'))} s")
+            if n.get("policy_rate"):
+                console.print(policy_rate_line(n["policy_rate"]))
+            if phase_lock_line(n.get("phase_lock")):
+                console.print(phase_lock_line(n["phase_lock"]))
+            hi = n.get("history")
+            if hi and hi.get("frames", 1) > 1:
+                console.print(f"policy input: history of {hi['frames']} frames x {hi['frame_width']} features, "
+                              f"{hi['order']}")
             t = Table(title="events", show_header=True)
             t.add_column("what")
             t.add_column("count", justify="right")

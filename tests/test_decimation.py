@@ -1,0 +1,190 @@
+"""Loop rate and policy rate: spin_us "auto", and decimation ([loop] policy_rate_hz / decimation) over a real
+node and real sockets. Every tick drains, validates and counts frames and runs the watchdog; the policy runs on
+one tick per decimation block and its last action is held (and published) on the others."""
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import msgpack
+import numpy as np
+import pytest
+import zmq
+
+from nodeutil import ActionCollector, start_node, stop_node
+from control_node import rundir
+from control_node.bench.harness import run_cli, write_node_config
+from control_node.kernels import Policy
+
+
+def summary_of(run_dir):
+    with open(os.path.join(run_dir, "summary.json")) as f:
+        return json.load(f)
+
+
+# ---- spin_us: "auto" follows the period ----
+
+@pytest.mark.parametrize("rate, spin", [(10000, 30.0), (4000, 75.0)])
+def test_spin_us_auto_follows_the_period(tmp_path, iris_model_path, rate, spin):
+    cfg = tmp_path / "n.toml"
+    write_node_config(cfg, str(tmp_path))
+    r = run_cli("run", "--config", cfg, "--model", iris_model_path, "--rate", rate, "--duration", "1",
+                "--run-dir", tmp_path / "run", timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "loop.spin_us" not in r.stderr
+    s = summary_of(tmp_path / "run")
+    assert s["spin_us"] == pytest.approx(spin) and s["spin_us_from"] == "auto"
+    assert s["config"]["loop"]["spin_us"] == pytest.approx(spin)
+    assert s["cycles"] >= 0.5 * rate            # it ran about 1 s at that rate (a shared VM may skip some)
+    assert s["period_ns"] == round(1e9 / rate)
+
+
+def test_explicit_spin_us_is_still_validated(tmp_path, iris_model_path):
+    cfg = tmp_path / "n.toml"
+    write_node_config(cfg, str(tmp_path), extra="[loop]\nspin_us = 150\n")
+    r = run_cli("run", "--config", cfg, "--model", iris_model_path, "--rate", "10000", "--duration", "1")
+    assert r.returncode == 2
+    assert "field 'loop.spin_us'" in r.stderr and "Fix:" in r.stderr and "Traceback" not in r.stderr
+
+
+# ---- decimation: validation ----
+
+@pytest.mark.parametrize("text, field, words", [
+    ("[loop]\nrate_hz = 1000.0\npolicy_rate_hz = 300.0\n", "loop.policy_rate_hz", "integer multiple"),
+    ("[loop]\npolicy_rate_hz = 50.0\ndecimation = 20\n", "loop.policy_rate_hz", "only one"),
+    ("[loop]\npolicy_rate_hz = 2000.0\n", "loop.policy_rate_hz", "up to loop.rate_hz"),
+    ("[loop]\ndecimation = -2\n", "loop.decimation", "integer >= 1"),
+    ('[loop]\nclock = "sensor"\ndecimation = 4\n', "loop.decimation", 'clock = "timer"'),
+])
+def test_bad_decimation_fails_naming_the_field(tmp_path, iris_model_path, text, field, words):
+    cfg = tmp_path / "n.toml"
+    write_node_config(cfg, str(tmp_path), extra=text)
+    r = run_cli("run", "--config", cfg, "--model", iris_model_path, "--duration", "1")
+    assert r.returncode == 2, r.stderr
+    assert f"field '{field}'" in r.stderr and "Fix:" in r.stderr and words in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+
+
+# ---- decimation: a real node at 1 kHz with the policy at 50 Hz ----
+
+BAD = [b"\xc1", msgpack.packb([1, 2, 3]), msgpack.packb({"seq": 5, "t_ns": 1})]
+
+
+def _send_bursts(endpoint, xs, bursts, burst_s, gap_s, bad_every):
+    """Valid frames at ~1 kHz in ``bursts`` bursts of ``burst_s`` separated by ``gap_s`` of silence (each gap
+    trips the watchdog), a bad frame after every ``bad_every``-th valid one. Returns (valid sent, bad sent)."""
+    pub = zmq.Context.instance().socket(zmq.PUB)
+    pub.setsockopt(zmq.LINGER, 2000)
+    pub.setsockopt(zmq.SNDHWM, 100_000)
+    pub.connect(endpoint)
+    time.sleep(0.5)                                 # slow joiner: the node's subscription has arrived
+    seq, bad = 1000, 0
+    for b in range(bursts):
+        t_end = time.monotonic() + burst_s
+        nxt = time.monotonic()
+        while time.monotonic() < t_end:
+            seq += 1
+            pub.send(msgpack.packb({"seq": seq, "t_ns": time.monotonic_ns(), "x": list(xs[seq % len(xs)])}))
+            if seq % bad_every == 0:
+                pub.send(BAD[bad % len(BAD)])
+                bad += 1
+            nxt += 0.001
+            dt = nxt - time.monotonic()
+            if dt > 0:
+                time.sleep(dt)
+        if b < bursts - 1:
+            time.sleep(gap_s + 0.0037 * b)          # unequal gaps: the trips fall at different phases
+    time.sleep(0.1)
+    pub.close(linger=2000)
+    return seq - 1000, bad
+
+
+def test_decimation_holds_the_action_between_inference_ticks(tmp_path, continuous_f64_model_path):
+    policy = Policy.load(continuous_f64_model_path)
+    n = 20
+    node, _ = start_node(tmp_path, continuous_f64_model_path,
+                         extra="[loop]\nrate_hz = 1000.0\npolicy_rate_hz = 50.0\n[watchdog]\nstale_after_ms = 5.0\n"
+                               "[budget]\ndeadline_misses = 1000000\n")
+    xs = np.random.default_rng(4).normal(0.0, 1.5, size=(97, 6))
+    col = ActionCollector(node.endpoints["action"])
+    try:
+        time.sleep(0.3)
+        valid, bad = _send_bursts(node.endpoints["sensor"], xs, bursts=3, burst_s=0.6, gap_s=0.08, bad_every=7)
+        time.sleep(0.1)
+    finally:
+        actions = col.close()
+        rc, out, err, run_dir = stop_node(node)
+    assert rc == 0, err
+    s = summary_of(run_dir)
+    _, a = rundir.read_node_run(run_dir)
+    flags, cycles = a["flags"].astype(int), a["cycle"]
+    infer = (flags & rundir.FLAG_INFER) != 0
+    stale = (flags & rundir.FLAG_STALE) != 0
+    k = np.rint((a["t_tick_ns"] - a["t_tick_ns"][0]) / s["period_ns"]).astype(np.int64)   # the tick number
+
+    # every frame is counted, on hold ticks too: all valid ones, every bad one under its reason
+    assert s["frames_valid"] == valid, (s["frames_valid"], valid)
+    assert s["rejected_total"] == bad and bad > 100
+    rej_hold = ((flags & rundir.FLAG_REJECTED) != 0) & ~infer
+    assert rej_hold.sum() > 0.5 * bad, "rejected frames are counted on hold ticks"
+
+    # the schedule: at most one inference per block of n ticks; inference ticks are the policy ticks
+    blocks = k[infer] // n
+    assert len(np.unique(blocks)) == len(blocks), "two inferences in one decimation block"
+    on_grid = (k[infer] % n == 0).mean()
+    assert on_grid > 0.8, f"only {on_grid:.0%} of inference ticks fall on a policy tick"
+    assert s["policy_rate"]["decimation"] == n and s["policy_rate"]["policy_rate_hz"] == 50.0
+    assert s["policy_rate"]["loop_rate_hz"] == 1000.0
+    assert s["policy_rate"]["inference_ticks"] == int(infer.sum())
+    assert s["policy_rate"]["hold_ticks"] == int((~infer).sum())
+    assert s["policy_rate"]["cycle_time_infer_ns"]["count"] == int(infer.sum()) > 3 * 0.5 * 600 / n
+    assert s["policy_rate"]["cycle_time_hold_ns"]["count"] == int((~infer).sum())
+    live = ~stale
+    assert 0.8 / n < infer[live].mean() < 1.3 / n, infer[live].mean()
+
+    # the action stream: fresh actions only on inference ticks, the held one (same u, same seq) in between
+    by_cycle = {int(m["cycle"]): m for m in actions}
+    infer_of = dict(zip(cycles.tolist(), infer.tolist()))
+    checked_hold = checked_infer = 0
+    for c, m in by_cycle.items():
+        prev = by_cycle.get(c - 1)
+        if m["safe"] or prev is None or prev["safe"]:
+            continue
+        if infer_of.get(c):
+            want = policy.act(np.ascontiguousarray(xs[m["seq"] % len(xs)]))
+            assert m["u"] == want.tolist(), f"cycle {c}: {m['u']} != Policy.act {want.tolist()}"
+            checked_infer += 1
+        else:
+            assert m["u"] == prev["u"] and m["seq"] == prev["seq"], f"cycle {c} changed the action on a hold tick"
+            checked_hold += 1
+    assert checked_infer > 30 and checked_hold > 30 * (n - 2)
+
+    # the watchdog still trips between policy ticks: each gap trips it, on a tick that is no policy tick
+    trips = np.flatnonzero(stale[1:] & ~stale[:-1]) + 1
+    trips = trips[k[trips] > k[~stale][0]]        # not the start-up stale stretch
+    assert len(trips) >= 2, "the gaps did not trip the watchdog"
+    assert not infer[trips].any()
+    assert (k[trips] % n != 0).any(), "every trip fell on a policy tick"
+    assert all(by_cycle[int(cycles[t])]["safe"] for t in trips if int(cycles[t]) in by_cycle)
+    # after a trip the first valid frame is acted on at the first policy tick at or after it: at once when a
+    # policy tick passed since the last inference (the 80 ms gaps), else at the next one (a short sender hiccup)
+    for t in trips:
+        back = np.flatnonzero(~stale[t:])
+        if not back.size:
+            continue
+        r = t + back[0]
+        li = np.flatnonzero(infer[:t])[-1]
+        nxt = r + np.flatnonzero(infer[r:])[0]
+        if k[r] // n > k[li] // n:
+            assert nxt == r, "the first fresh frame after a trip was not acted on"
+        else:
+            assert k[nxt] // n == k[li] // n + 1 and k[nxt] % n == 0, "recovery off the policy grid"
+
+    # the report shows the loop rate, the policy rate and the cost of each kind of tick
+    rep = run_cli("report", run_dir, "--no-plots", "--out", tmp_path / "rep", env={"COLUMNS": "200"})
+    assert rep.returncode in (0, 1), rep.stderr        # 1: the verdict may FAIL on a shared VM
+    assert "loop 1000 Hz, policy 50 Hz (decimation 20)" in rep.stdout, rep.stdout
+    assert f"{s['policy_rate']['inference_ticks']} inference ticks, cycle time p50" in rep.stdout
+    html = open(tmp_path / "rep" / "report.html").read()
+    assert "policy 50 Hz (decimation 20)" in html
