@@ -9,7 +9,8 @@ Shapes (batch 1, random weights of the real sizes, float32 and float64 where it 
 
 Rows per shape, interleaved call by call (A B C A B C ...) so that drift and host stalls hit all alike:
 
-* kernel ``Policy.act_into(x, out)`` from Python (no allocation), and ``Policy.act(x)``
+* kernel ``Policy.act_into(x, out)`` and ``Policy.act_bound(out)`` (input registered with ``bind_input``) from
+  Python, no allocation, called directly (no Python wrapper); and ``Policy.act(x)`` (allocates its result)
 * kernel at C level: the nogil entry point in a C loop (``Policy._act_loop``), throughput and latency
 * onnxruntime 1 intra-op thread, ORT_SEQUENTIAL: ``run_with_iobinding`` on preallocated input/output
   OrtValues (the fastest call form found), and plain ``InferenceSession.run``
@@ -270,14 +271,14 @@ def numpy_row(spec):
 
 
 # ---- measurement ---------------------------------------------------------------------------
-def per_call(rows, x, n_samples, target_s=100e-6):
-    """Each row's callable in timing samples of k calls (k sized so a sample lasts ~``target_s``),
-    samples interleaved round-robin (A B C A B C ...); returns name -> ns per call, one per sample."""
+def per_call(rows, n_samples, target_s=100e-6):
+    """Each row ``(name, fn, arg)`` timed as ``fn(arg)`` in samples of k calls (k sized so a sample lasts
+    ~``target_s``), samples interleaved round-robin (A B C A B C ...); returns name -> ns per call."""
     from control_node.bench.common import calibrate, loop_calls, time_round_robin
     bodies = {}
-    for name, fn in rows:
-        k = calibrate(fn, x, target_s, max_calls=2000)
-        bodies[name] = (loop_calls(fn, x, k), k)
+    for name, fn, arg in rows:
+        k = calibrate(fn, arg, target_s, max_calls=2000)
+        bodies[name] = (loop_calls(fn, arg, k), k)
     return time_round_robin(bodies, n_samples)
 
 
@@ -322,33 +323,35 @@ def bench_shape(name, cfg, dtype, settings, log):
     x = np.ascontiguousarray(random_inputs(spec, 1, seed=7)[0])
     want = reference_act(spec, x[None, :])[0]
     out = np.zeros(policy.n_actions)
-    act_into = policy.act_into
-
-    def kernel_act_into(xv):
-        act_into(xv, out)
-        return out
-    rows = [("kernel Policy.act_into(x, out)", kernel_act_into), ("kernel Policy.act(x)", policy.act)]
+    import functools
+    xb = x.copy()
+    policy.bind_input(xb)
+    # (name, callable, argument): each row is called as fn(arg), with no Python wrapper around the kernel
+    rows = [("kernel Policy.act_into(x, out)", functools.partial(policy.act_into, x), out),
+            ("kernel Policy.act_bound(out), input bound", policy.act_bound, out),
+            ("kernel Policy.act(x)", policy.act, x)]
     skipped = {}
     for peer, make in (("onnxruntime", lambda: onnxruntime_rows(spec, x)), ("torch", lambda: [torchscript_row(spec)]),
                        ("numpy", lambda: [numpy_row(spec)])):
         try:
-            rows += make()
+            rows += [(name, fn, x) for name, fn in make()]
         except ImportError as e:
             skipped[peer] = f"not importable ({e.name or e})"
         except Exception as e:       # e.g. onnxruntime has no float64 Elu kernel: say so, keep the others
             skipped[peer] = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
     tol = RTOL[dtype] * max(1.0, float(np.abs(want).max())) * 10
-    for rname, fn in rows:
-        got = np.asarray(fn(x), dtype=np.float64).ravel()
+    for rname, fn, arg in rows:
+        r = fn(arg)
+        got = np.asarray(out if isinstance(r, int) else r, dtype=np.float64).ravel()
         if not np.allclose(got, want, rtol=0, atol=tol):
             raise SystemExit(f"bench policy: {rname} on {name} {dtype} answers {got[:4]}..., the reference {want[:4]}...")
     log(f"{name} {dtype}: {len(rows)} rows x {settings['samples']} samples ...")
-    times = per_call(rows, x, settings["samples"])
+    times = per_call(rows, settings["samples"])
     times.update(c_level(policy, spec, settings["chunks"], settings["chunk"]))
     alloc, peak = allocations_per_call(policy, x)
     compute, memory, level, how = floor_of(cfg["sizes"], dtype)
     floor = max(compute, memory) if compute is not None else None
-    ort_name = next((r for r, _ in rows if "IOBinding" in r), None)   # the ratio column's baseline
+    ort_name = next((r for r, _, _ in rows if "IOBinding" in r), None)   # the ratio column's baseline
     base = float(np.median(times[ort_name])) if ort_name else None
     result = []
     for rname, t in times.items():

@@ -316,7 +316,7 @@ def bench_shape(name, cfg, dtype, settings, log):
             skipped[peer] = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
     check_rows(name, spec, rows, resets)
     log(f"{name} {dtype}: {len(rows)} rows x {settings['samples']} samples ...")
-    times = per_call(rows, x, settings["samples"])
+    times = per_call([(name, fn, x) for name, fn in rows], settings["samples"])
     times.update(c_level(policy, spec, settings["chunks"], settings["chunk"]))
     alloc, peak = allocations_per_call(policy, x, n=settings["alloc_calls"])
     policy.reset()
