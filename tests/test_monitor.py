@@ -177,7 +177,12 @@ def test_top_live_refreshes_in_place_in_a_pty():
             assert "\x1b[" in out  # rich Live redraws with ANSI control sequences
             assert "wake-up latency" in out and "SCHED_FIFO refused: EPERM" in out
             os.killpg(p.pid, signal.SIGINT)
-            rc = p.wait(10)
+            # keep draining the pty, as a terminal does: a full pty blocks rich's refresh thread in write(),
+            # and top's exit joins that thread (the test once timed out here in a fresh-clone run)
+            deadline = time.monotonic() + 20
+            while p.poll() is None and time.monotonic() < deadline:
+                _read_pty(master, 0.2)
+            rc = p.wait(1)
             assert rc == 130
         finally:
             if p.poll() is None:
