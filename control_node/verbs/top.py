@@ -16,6 +16,7 @@ def register(sub):
 
 
 def run(args):
+    import signal
     import time
 
     from rich.console import Console
@@ -40,24 +41,44 @@ def run(args):
                 diag = next_diag(sub, max(0.0, deadline - time.monotonic()))
                 if diag is None:
                     raise UserError(monitor.no_message_hint(endpoint, "diagnostics") + f" (waited {timeout:g} s)")
-                if diag:
+                if diag and diag.get("cycles", 1):     # a snapshot of a running loop (not one from before it started)
                     console.print(monitor.top_renderable(diag, endpoint))
                     return 0
         from rich.live import Live
         from rich.text import Text
-        prev = last = None
-        last_t = start = time.monotonic()
-        with Live(Text(f"waiting for diagnostics on {endpoint} ..."), console=console, refresh_per_second=4,
-                  transient=False) as live:
-            while True:
-                diag = next_diag(sub, 0.25)
-                now = time.monotonic()
-                if diag:
-                    prev, last, last_t = last, diag, now
-                if timeout is not None and now - last_t > timeout:
-                    raise UserError(monitor.no_message_hint(endpoint, "diagnostics")
-                                    + f" (nothing for {timeout:g} s)")
-                if last is not None:
-                    live.update(monitor.top_renderable(last, endpoint, prev, age_s=now - last_t))
-                else:
-                    live.update(Text(f"waiting for diagnostics on {endpoint} ... {now - start:.0f} s"))
+        start = time.monotonic()
+        # Ctrl-C sets a flag that the loop checks every 0.25 s: a KeyboardInterrupt raised anywhere inside rich's
+        # Live (while its refresh thread holds the console) could leave top hanging instead of exiting
+        stop = []
+        old = signal.signal(signal.SIGINT, lambda *_: stop.append(1))
+        try:
+            with Live(Text(f"waiting for diagnostics on {endpoint} ..."), console=console, refresh_per_second=4,
+                      transient=False) as live:
+                return _live_loop(live, sub, next_diag, endpoint, timeout, stop, start)
+        finally:
+            signal.signal(signal.SIGINT, old)
+
+
+def _live_loop(live, sub, next_diag, endpoint, timeout, stop, start):
+    """Refresh ``live`` from the diagnostics until ``stop`` fills (Ctrl-C); returns 130 then."""
+    import time
+
+    from rich.text import Text
+
+    from control_node import monitor
+    from control_node.errors import UserError
+    prev = last = None
+    last_t = start
+    while not stop:
+        diag = next_diag(sub, 0.25)
+        now = time.monotonic()
+        if diag:
+            prev, last, last_t = last, diag, now
+        if timeout is not None and now - last_t > timeout:
+            raise UserError(monitor.no_message_hint(endpoint, "diagnostics")
+                            + f" (nothing for {timeout:g} s)")
+        if last is not None:
+            live.update(monitor.top_renderable(last, endpoint, prev, age_s=now - last_t))
+        else:
+            live.update(Text(f"waiting for diagnostics on {endpoint} ... {now - start:.0f} s"))
+    return 130
