@@ -103,8 +103,14 @@ def test_phase_lock_follows_a_sender_off_by_200_ppm(tmp_path, iris_model_path):
     # the tick period follows the sender's: 1 ms + 200 ppm = 1000.2 us (consecutive ticks of the last 2.5 s)
     t = a["t_tick_ns"][sel].astype(np.int64)
     d = np.diff(t)
-    d = d[d < 1_500_000]
-    assert d.size > 1000
+    # a host stall (the node's own record: a wake-up over 1 ms late) bunches the sender's frames and the lock
+    # re-converges for a while: leave out the second after each one
+    stalls = t[a["wake_latency_ns"][sel] > 1_000_000]
+    calm = np.ones(d.size, dtype=bool)
+    for ts in stalls:
+        calm &= ~((t[1:] >= ts) & (t[1:] < ts + 1_000_000_000))
+    d = d[calm & (d < 1_500_000)]
+    assert d.size > 1000, (d.size, stalls.size)
     # within 100 ppm of the sender's (the dither and the transport's wander move the phase a little); a loop that
     # did not follow would be 200 ppm off
     assert abs(d.mean() - 1_000_200) < 100, f"tick period {d.mean():.1f} ns, sender's 1000200 ns"

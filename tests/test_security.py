@@ -15,6 +15,7 @@ import msgpack
 import numpy as np
 import pytest
 import zmq
+import zmq.auth  # a submodule: tests use it directly, whatever ran before them
 
 from nodeutil import Robot
 from control_node.bench.harness import CHILD_CWD, NodeProcess, write_node_config
