@@ -39,7 +39,7 @@ def free_tcp_ports(n):
 def write_node_config(path, ep_dir, extra="", transport="ipc"):
     """Write a node config whose endpoints are private: ipc sockets in ``ep_dir``, or free loopback tcp
     ports; runs go to ``ep_dir/runs``. ``extra`` is appended TOML. Returns the endpoints by name."""
-    names = ("sensor", "action", "diagnostics")
+    names = ("sensor", "action", "diagnostics", "control")
     if transport == "ipc":
         eps = {k: f"ipc://{ep_dir}/{k}" for k in names}
     else:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import tomllib
 
 from control_node import endpoints
@@ -18,6 +19,8 @@ SCHEMA = {
         "diagnostics": (endpoints.DEFAULTS["diagnostics"], str, "an ipc:// or tcp:// endpoint"),
         # not bound by the node: where a simulator/replayer republishes frames for recorders and monitors
         "sensor_tap": ("", str, 'an ipc:// or tcp:// endpoint, or "" for the default (sensor endpoint + "_tap")'),
+        # the node's REP socket for `control-node policy` (load, activate, shadow, rollback, status)
+        "control": ("", str, 'an ipc:// or tcp:// endpoint, or "" for the default (sensor endpoint + "_control")'),
     },
     "loop": {
         "rate_hz": (1000.0, _NUM, "a rate in Hz, 1 to 100000"),
@@ -39,6 +42,25 @@ SCHEMA = {
     "policy": {
         "history": (1, int, "an integer >= 1 (frames stacked into the policy's input)"),
         "history_order": ("oldest_first", str, '"oldest_first" or "newest_first"'),
+    },
+    # policies loaded and switched while the loop runs (control_node.lifecycle, `control-node policy`)
+    "lifecycle": {
+        "name": ("", str, 'a name for the start-up policy, or "" (the model file\'s stem)'),
+        "max_policies": (4, int, "resident policies at most, 1 to 8 (the start-up one included)"),
+        "max_resident_mb": (256.0, _NUM, "megabytes > 0: the weights of all resident policies at most"),
+        # a shadow disagrees with the active policy when the L2 distance of their action vectors exceeds
+        # this (continuous policies; argmax: when the classes differ)
+        "shadow_distance": (0.1, _NUM, "a distance >= 0 in action units"),
+    },
+    # `control-node policy activate NAME --canary`: the new policy runs with the old one in shadow and is
+    # rolled back by the loop when it gives a non-finite output, breaks its cycle-time budget more than
+    # max_over_budget times, or disagrees on more than max_disagree of a window; promoted after canary_s
+    "rollout": {
+        "canary_s": (10.0, _NUM, "seconds > 0 of policy ticks before a canary is promoted"),
+        "window_ticks": (50, int, "policy ticks >= 1 per disagreement window"),
+        "max_disagree": (0.2, _NUM, "a fraction 0 to 1 of a window's policy ticks"),
+        "cycle_time_budget_us": (0, _NUM, "microseconds >= 0 (0 = the deadline)"),
+        "max_over_budget": (3, int, "policy ticks >= 0 over the budget allowed in a canary"),
     },
     "watchdog": {
         "stale_after_ms": (5.0, _NUM, "milliseconds > 0"),
@@ -128,8 +150,18 @@ def load_config(path=None, overrides: dict | None = None) -> dict:
     cfg["loop"]["spin_us_from"] = "auto" if isinstance(cfg["loop"]["spin_us"], str) else "config"
     cfg["loop"]["spin_us"] = resolve_spin_us(cfg)
     cfg["endpoints"] = {k: endpoints.expand(v) for k, v in cfg["endpoints"].items()}
+    if not cfg["endpoints"]["control"]:
+        cfg["endpoints"]["control"] = endpoints.derive_control(cfg["endpoints"]["sensor"])
     cfg["source"] = os.fspath(path)
     return cfg
+
+
+POLICY_NAME_RULE = "use 1 to 64 letters, digits, '_', '-' or '.', starting with a letter or digit"
+
+
+def valid_policy_name(name) -> bool:
+    """A policy name `control-node policy` and [lifecycle] name accept (POLICY_NAME_RULE)."""
+    return isinstance(name, str) and re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", name) is not None
 
 
 def validate(cfg: dict, path="(config)") -> None:
@@ -171,6 +203,25 @@ def validate(cfg: dict, path="(config)") -> None:
         bad("policy.history", "use 1 (the frame alone) or more frames")
     if po["history_order"] not in ("oldest_first", "newest_first"):
         bad("policy.history_order", 'use "oldest_first" (the default) or "newest_first"')
+    lc, ro = cfg["lifecycle"], cfg["rollout"]
+    if lc["name"] and not valid_policy_name(lc["name"]):
+        bad("lifecycle.name", POLICY_NAME_RULE)
+    if not 1 <= lc["max_policies"] <= 8:
+        bad("lifecycle.max_policies", "use 1 to 8 resident policies")
+    if not lc["max_resident_mb"] > 0:
+        bad("lifecycle.max_resident_mb", "use a positive number of megabytes, e.g. 256")
+    if not lc["shadow_distance"] >= 0:
+        bad("lifecycle.shadow_distance", "use a distance >= 0 in action units, e.g. 0.1")
+    if not ro["canary_s"] > 0:
+        bad("rollout.canary_s", "use a positive number of seconds, e.g. 10")
+    if ro["window_ticks"] < 1:
+        bad("rollout.window_ticks", "use 1 or more policy ticks, e.g. 50")
+    if not 0 <= ro["max_disagree"] <= 1:
+        bad("rollout.max_disagree", "use a fraction from 0 to 1, e.g. 0.2")
+    if ro["cycle_time_budget_us"] < 0:
+        bad("rollout.cycle_time_budget_us", "use 0 (the deadline) or a positive number of microseconds")
+    if ro["max_over_budget"] < 0:
+        bad("rollout.max_over_budget", "use 0 or more policy ticks")
     if lp["duration_s"] < 0:
         bad("loop.duration_s", "use 0 (until a signal) or a positive number of seconds")
     if not wd["stale_after_ms"] > 0:
@@ -221,7 +272,7 @@ def validate(cfg: dict, path="(config)") -> None:
             bad("security.allowed_clients", 'set it to a directory of allowed client public keys, e.g. '
                 '"keys/clients/", or set curve = false', "is empty but security.curve = true")
     else:
-        for name in endpoints.NAMES:
+        for name in endpoints.NAMES + ("control",):
             host = endpoints.tcp_host(cfg["endpoints"][name])
             if host is not None and not endpoints.is_loopback_host(host) and not sec["allow_plaintext_remote"]:
                 bad(f"endpoints.{name}", "bind tcp to 127.0.0.1, or enable CURVE ([security] curve = true, see "
@@ -230,7 +281,7 @@ def validate(cfg: dict, path="(config)") -> None:
                     f"binds plaintext tcp to the non-loopback address {host!r} "
                     "(security.allow_plaintext_remote is false)")
     if len(set(eps.values())) != len(eps):
-        bad("endpoints.sensor", "give sensor, action and diagnostics three different endpoints",
+        bad("endpoints.sensor", "give sensor, action, diagnostics and control different endpoints",
             "two endpoints are the same")
 
 
@@ -371,4 +422,6 @@ def client_endpoints(path=None) -> dict:
         if not tap and isinstance(t, dict) and t.get("sensor_tap"):
             tap = t["sensor_tap"]
     eps["sensor_tap"] = endpoints.expand(str(tap)) if tap else endpoints.derive_tap(eps["sensor"])
+    control = table.get("control")
+    eps["control"] = endpoints.expand(str(control)) if control else endpoints.derive_control(eps["sensor"])
     return eps

@@ -58,6 +58,17 @@ def derive_tap(sensor_ep: str) -> str:
     raise ValueError(f"cannot derive a tap endpoint from {sensor_ep!r}; give --tap ENDPOINT")
 
 
+def derive_control(sensor_ep: str) -> str:
+    """Default control endpoint (the node's REP socket for ``control-node policy``): ``<sensor ipc
+    path>_control``, or the sensor's TCP port + 200."""
+    if sensor_ep.startswith("ipc://"):
+        return sensor_ep + "_control"
+    m = re.match(r"^(tcp://[^:]+):(\d+)$", sensor_ep)
+    if m:
+        return f"{m.group(1)}:{int(m.group(2)) + 200}"
+    raise ValueError(f"cannot derive a control endpoint from {sensor_ep!r}; set [endpoints] control")
+
+
 def tcp_host(endpoint: str) -> str | None:
     """The host part of a tcp:// endpoint (``tcp://HOST:PORT``, ``tcp://[v6]:PORT``), else None."""
     if not endpoint.startswith("tcp://"):

@@ -52,8 +52,10 @@ def host_info() -> dict:
 class Diagnostics(threading.Thread):
     """Publishes snapshots, prints `ready`, logs degradation, turns signals into a stop request."""
 
-    def __init__(self, loop, sock, rt_report_ref, endpoints, hz, loop_cpu, signal_fd, policy_info=None):
+    def __init__(self, loop, sock, rt_report_ref, endpoints, hz, loop_cpu, signal_fd, policy_info=None,
+                 lifecycle=None):
         super().__init__(name="diagnostics", daemon=True)
+        self.lifecycle = lifecycle
         self.signal_fd = signal_fd
         self.policy_info = policy_info or {}
         self.loop, self.sock, self.rt_ref, self.endpoints = loop, sock, rt_report_ref, endpoints
@@ -110,7 +112,8 @@ class Diagnostics(threading.Thread):
         now = time.monotonic()
         if cycles > 0 and not self.ready_printed.is_set():
             eps, pol = self.endpoints, self.policy_info
-            print(f"ready sensor={eps['sensor']} action={eps['action']} diagnostics={eps['diagnostics']}"
+            print(f"ready sensor={eps['sensor']} action={eps['action']} diagnostics={eps['diagnostics']} "
+                  f"control={eps['control']}"
                   + (f" policy={pol['kind']} n_actions={pol['n_actions']}" if pol else ""), flush=True)
             self.ready_printed.set()
         # the newest record may be mid-write: stop one short of it
@@ -125,6 +128,8 @@ class Diagnostics(threading.Thread):
             # whole run so far, from the loop's streaming histograms (bucket lower bounds)
             "run": {"wake_latency_ns": rundir.describe_hist(loop.histograms[0]),
                     "cycle_time_ns": rundir.describe_hist(loop.histograms[1])},
+            # the policy lifecycle: names, the shadow's counts, the last transitions (numbered "n")
+            "lifecycle": self.lifecycle.brief() if self.lifecycle is not None else None,
         }
         try:
             self.sock.send(self.packer.pack(msg), flags=1)   # NOBLOCK: a slow monitor loses snapshots
@@ -245,12 +250,16 @@ class Node:
                           history_newest_first=cfg["policy"]["history_order"] == "newest_first",
                           phase_lock=bool(lp["phase_lock"]), phase_margin_ns=int(round(lp["phase_margin_us"] * 1e3)) if lp["phase_lock"] else 0,
                           reset_on_trip=bool(wd["reset_state"]))
+            from control_node.lifecycle import ControlThread, Lifecycle
             from control_node.loop.realtime import choose_cpu
             loop_cpu = choose_cpu(cfg["realtime"]["cpu"])
             rt_ref = {}
+            lifecycle = Lifecycle(loop, cfg, policy, self.model_path)
             diag = Diagnostics(loop, sockets.diagnostics, rt_ref, cfg["endpoints"], st["diagnostics_hz"], loop_cpu,
-                               sig_r, info)
-            diag.start()                              # before pinning: it keeps the full CPU mask
+                               sig_r, info, lifecycle)
+            control = ControlThread(lifecycle, sockets.control, loop_cpu)
+            diag.start()                              # before pinning: they keep the full CPU mask
+            control.start()
             started_at = time.strftime("%Y-%m-%dT%H:%M:%S%z")
             ru0 = resource.getrusage(resource.RUSAGE_THREAD)
             rt_session = setup_realtime(cfg["realtime"])
@@ -264,12 +273,18 @@ class Node:
                       file=sys.stderr, flush=True)
             t_start = time.monotonic_ns()
             run_until = t_start + int(duration * 1e9) + period_ns if (duration > 0 and lp["clock"] == "sensor") else 0
-            loop.run(0, run_until)
+            lifecycle.running = True
+            try:
+                loop.run(0, run_until)
+            finally:
+                lifecycle.running = False
             ru1 = resource.getrusage(resource.RUSAGE_THREAD)
             rt_session.restore()
             rt_session = None
             diag.finished.set()
+            control.finished.set()
             diag.join(timeout=2)
+            control.join(timeout=3)
         finally:
             if rt_session is not None:
                 rt_session.restore()
@@ -281,10 +296,10 @@ class Node:
             os.close(sig_r)
             os.close(sig_w)
         return self._write_run_dir(policy, loop, rt_ref.get("rt", {}), started_at, period_ns, ru0, ru1,
-                                   diag.signal_received, rundir.HIST_NAMES, info, spin_us)
+                                   diag.signal_received, rundir.HIST_NAMES, info, spin_us, lifecycle)
 
     def _write_run_dir(self, policy, loop, rt_report, started_at, period_ns, ru0, ru1, stop_signal, hist_names,
-                       info, spin_us):
+                       info, spin_us, lifecycle):
         import psutil
 
         from control_node.diagnosis import machine_facts
@@ -319,7 +334,8 @@ class Node:
             "recurrent": ({"kind": policy.recurrent, "hidden_size": int(policy.hidden_size),
                            "reset_on_watchdog_trip": bool(loop.reset_on_trip),
                            "state_resets_watchdog": int(loop.state_resets),
-                           "state_resets_nonfinite": int(policy.state_resets_nonfinite)}
+                           "state_resets_nonfinite": int(sum(r["policy"].state_resets_nonfinite
+                                                             for r in lifecycle.residents.values()))}
                           if policy.hidden_size else None),
             "policy_rate": policy_rate_figures(arrays, float(cfg["loop"]["rate_hz"]), int(loop.decimation),
                                                int(loop.inference_ticks), int(loop.cycles), complete),
@@ -347,6 +363,8 @@ class Node:
             # what the node published: the policy kind, its action width and the safe action it used
             "policy": info,
             "safe_action": info["safe_action"],
+            # policies loaded, switched, shadowed and rolled back while the loop ran (control_node.lifecycle)
+            "lifecycle": lifecycle.summary(arrays),
             "config": copy.deepcopy(cfg),
             "host": host_info(),
             # what `control-node doctor` checks, read cheaply (no probes, no sampling) for the loop's core

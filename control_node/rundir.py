@@ -47,7 +47,17 @@ RING_FIELDS = {
     "cycle": "int64", "t_tick_ns": "int64", "wake_latency_ns": "int64", "recv_ns": "int64",
     "infer_ns": "int64", "publish_ns": "int64", "cycle_time_ns": "int64", "period_ns": "int64",
     "input_age_ns": "int64", "flags": "uint8", "action": "int16", "seq": "uint64",
+    # the policy lifecycle: the slot of the policy that acted, and the shadow's verdict on this cycle's
+    # inference (SHADOW_CODES), its distance from the active policy's answer (L2 of the action vectors;
+    # argmax: 0 or 1; -1: none) and the time it took after the publish (-1: no shadow ran)
+    "policy": "int8", "shadow": "uint8", "shadow_dist": "float32", "shadow_ns": "int64",
 }
+# the policy lifecycle (control_node.lifecycle): resident policies at most, the transitions the loop
+# records (code = index + 1), why (index), and the shadow's per-cycle verdict
+MAX_POLICIES = 8
+TRANSITIONS = ("activate", "canary", "shadow", "unshadow", "rollback", "auto_rollback", "promote")
+TRANSITION_REASONS = ("request", "non_finite", "cycle_budget", "disagreement", "canary_passed", "no_previous")
+SHADOW_CODES = ("none", "agree", "disagree", "non_finite")
 
 # continuous policies: the per-cycle action ring (actions.npz). "u" is (cycles, n_actions) float32, the
 # action the cycle published (policy or safe); actions.npz also holds "cycle" (int64, the cycle number of
@@ -93,6 +103,14 @@ def check_compiled(constants: dict) -> None:
     codes = {"policy": ACTION_POLICY, "safe": ACTION_SAFE}
     if constants.get("action_codes") != codes:
         problems.append(f"continuous action codes {constants.get('action_codes')} != {codes}")
+    if constants.get("max_policies") != MAX_POLICIES:
+        problems.append(f"policy slots {constants.get('max_policies')} != {MAX_POLICIES}")
+    if constants.get("transitions") != {name: i + 1 for i, name in enumerate(TRANSITIONS)}:
+        problems.append(f"transition codes {constants.get('transitions')} != {TRANSITIONS}")
+    if constants.get("transition_reasons") != {name: i for i, name in enumerate(TRANSITION_REASONS)}:
+        problems.append(f"transition reasons {constants.get('transition_reasons')} != {TRANSITION_REASONS}")
+    if constants.get("shadow_codes") != {name: i for i, name in enumerate(SHADOW_CODES)}:
+        problems.append(f"shadow codes {constants.get('shadow_codes')} != {SHADOW_CODES}")
     if problems:
         raise ImportError("the compiled loop disagrees with control_node/rundir.py: " + "; ".join(problems)
                           + ". Fix: make the C constants and rundir.py agree, then rebuild (pip install -e .)")

@@ -9,7 +9,8 @@ from control_node.endpoints import ipc_path, runtime_dir
 from control_node.errors import UserError
 
 class NodeSockets:
-    """The node's three bound sockets: sensor SUB, action PUB, diagnostics PUB.
+    """The node's bound sockets: sensor SUB, action PUB, diagnostics PUB and control REP (used only by the
+    lifecycle thread, control_node.lifecycle).
 
     ``security`` is the config's [security] table: with ``curve = true`` all three are CURVE servers and a
     ZAP authenticator admits only the client keys in ``allowed_clients`` (control_node/security.py). ipc
@@ -18,6 +19,8 @@ class NodeSockets:
 
     # PUB sockets only ever receive subscription messages (a few bytes): cap them hard
     PUB_MAXMSGSIZE = 1024
+    # control requests are a few hundred bytes (a name and a path)
+    CONTROL_MAXMSGSIZE = 64 * 1024
 
     def __init__(self, endpoints: dict, max_frame_bytes: int, send_hwm: int = 1000, security: dict | None = None):
         from control_node.security import ServerCurve, check_runtime_dir
@@ -25,7 +28,8 @@ class NodeSockets:
         self.endpoints = dict(endpoints)
         self.curve = None
         self._bound = []
-        for name in ("sensor", "action", "diagnostics"):     # refuse before anything is created
+        names = ("sensor", "action", "diagnostics", "control")
+        for name in names:     # refuse before anything is created
             path = ipc_path(self.endpoints[name])
             if path:
                 check_runtime_dir(path, self.endpoints[name], name, default_dir=runtime_dir())
@@ -42,12 +46,13 @@ class NodeSockets:
         for s in (self.action, self.diagnostics):
             s.setsockopt(zmq.SNDHWM, send_hwm)       # slow subscribers lose messages, never block us
             s.setsockopt(zmq.MAXMSGSIZE, self.PUB_MAXMSGSIZE)
-        for sock in (self.sensor, self.action, self.diagnostics):
+        self.control = self.ctx.socket(zmq.REP)
+        self.control.setsockopt(zmq.MAXMSGSIZE, self.CONTROL_MAXMSGSIZE)
+        for sock in (self.sensor, self.action, self.diagnostics, self.control):
             sock.setsockopt(zmq.LINGER, 0)
             if self.curve is not None:
                 self.curve.apply(sock)
-        for name, sock in (("sensor", self.sensor), ("action", self.action),
-                           ("diagnostics", self.diagnostics)):
+        for name, sock in zip(names, (self.sensor, self.action, self.diagnostics, self.control)):
             ep = self.endpoints[name]
             try:
                 sock.bind(ep)
@@ -58,7 +63,7 @@ class NodeSockets:
             self._bound.append(name)
 
     def close(self):
-        for sock in (self.sensor, self.action, self.diagnostics):
+        for sock in (self.sensor, self.action, self.diagnostics, self.control):
             if not sock.closed:
                 sock.close(linger=0)
         if self.curve is not None:

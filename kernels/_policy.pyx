@@ -547,6 +547,11 @@ cdef class Policy:
         return "specialised" if (self._m32.specialised if self._is_f32 else self._m64.specialised) else "generic"
 
     @property
+    def nbytes(self):
+        """Bytes of the buffers the kernel owns (laid-out weights, activations, recurrent state)."""
+        return int(sum(a.nbytes for a in self._arrays[0] if a is not None) + self._u.nbytes)
+
+    @property
     def layout(self):
         """Per dense layer, 'dot' or 'axpy': how the kernel stores its weights."""
         cdef int l

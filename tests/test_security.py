@@ -245,12 +245,13 @@ def test_default_runtime_dir_is_tightened(tmp_path):
 def test_every_socket_has_a_size_cap(tmp_path):
     from control_node.sockets import NodeSockets
     d = tmp_path / "eps"
-    eps = {k: f"ipc://{d}/{k}" for k in ("sensor", "action", "diagnostics")}
+    eps = {k: f"ipc://{d}/{k}" for k in ("sensor", "action", "diagnostics", "control")}
     socks = NodeSockets(eps, 4096)
     try:
         assert socks.sensor.getsockopt(zmq.MAXMSGSIZE) == 16 * 4096
         for s in (socks.action, socks.diagnostics):
             assert 0 < s.getsockopt(zmq.MAXMSGSIZE) <= 1024
+        assert 0 < socks.control.getsockopt(zmq.MAXMSGSIZE) <= 64 * 1024
     finally:
         socks.close()
 

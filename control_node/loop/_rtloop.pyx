@@ -9,11 +9,19 @@ build-time link against pyzmq's privately named copy), frames are decoded by
 (continuous: the action vector, protocol v2), and each cycle's figures go into
 preallocated arrays. Python sets it all up (``control_node.node``) and reads the
 results afterwards.
+
+Policies change while the loop runs (``control_node.lifecycle``): the control thread loads a policy into
+one of MAX_POLICIES slots, then posts a request (activate, canary, shadow, unshadow, rollback) in a
+one-entry mailbox (``cn_sync.h``: release/acquire). The loop takes it between two cycles and switches by
+exchanging one pointer (``pol``); it records each transition with its cycle number in a ring the
+control thread reads. A shadow policy runs after the action is published, on the same input; a canary
+is rolled back by the loop itself, within the policy tick that broke a rule.
 """
 import numpy as np
 
 cimport numpy as cnp
-from libc.stdint cimport int16_t, int64_t, uint8_t, uint64_t
+from libc.stdint cimport int8_t, int16_t, int64_t, uint8_t, uint64_t
+from libc.math cimport sqrt
 from libc.string cimport memcpy
 
 from control_node.kernels._policy cimport Policy
@@ -62,6 +70,10 @@ cdef extern from "frame_codec.h" nogil:
     size_t cn_encode_action_u(uint8_t *out, uint64_t seq, int have_seq, int64_t t_ns, uint64_t cycle,
                               const double *u, int n, int safe)
 
+cdef extern from "cn_sync.h" nogil:
+    int64_t cn_load_acquire(const int64_t *p)
+    void cn_store_release(int64_t *p, int64_t v)
+
 cdef extern from "rt_hist.h" nogil:
     enum: CN_HIST_BUCKETS
     enum: CN_HIST_SUB_BITS
@@ -100,6 +112,31 @@ cdef enum:
     ACTION_POLICY = 0
     ACTION_SAFE = -1
 
+# policy lifecycle (control_node.rundir: MAX_POLICIES, TRANSITIONS, TRANSITION_REASONS, SHADOW_CODES)
+DEF MAX_POLICIES = 8
+DEF TR_CAP = 4096              # transition records the control thread has not read yet, at most
+DEF TR_FIELDS = 7              # cycle, kind, slot, from_slot, reason, t_ns, seq the old policy acted on last
+cdef enum:
+    TR_ACTIVATE = 1
+    TR_CANARY = 2
+    TR_SHADOW = 3
+    TR_UNSHADOW = 4
+    TR_ROLLBACK = 5
+    TR_AUTO_ROLLBACK = 6
+    TR_PROMOTE = 7
+cdef enum:
+    WHY_REQUEST = 0
+    WHY_NON_FINITE = 1
+    WHY_CYCLE_BUDGET = 2
+    WHY_DISAGREEMENT = 3
+    WHY_CANARY_PASSED = 4
+    WHY_NO_PREVIOUS = 5        # a refused rollback (request result only)
+cdef enum:
+    SH_NONE = 0
+    SH_AGREE = 1
+    SH_DISAGREE = 2
+    SH_NON_FINITE = 3
+
 # phase lock: a late frame moves the schedule this many steps later, an early one one step earlier, so
 # the lock settles with 1 frame in PHASE_LATE_STEPS + 1 (10 %) later than tick - phase_margin_ns
 DEF PHASE_LATE_STEPS = 9
@@ -136,7 +173,34 @@ cdef class RtLoop:
     handles are pyzmq ``Socket.underlying`` addresses and ``fns`` maps libzmq
     function names to addresses (``control_node.loop.libzmq.libzmq_functions``).
     """
-    cdef Policy policy
+    # policies: slot_pol[i] is a Policy (borrowed: _slot_refs[i] holds the reference); pol is the active
+    # one, the one pointer a switch exchanges. Each slot has its own safe action.
+    cdef void *pol
+    cdef void *slot_pol[MAX_POLICIES]
+    cdef int slot_safe_class[MAX_POLICIES]
+    cdef double *slot_safe                  # MAX_POLICIES x n_actions
+    cdef list _slot_refs
+    cdef readonly int active, previous, shadow
+    cdef readonly bint canary
+    # the request mailbox (control thread -> loop): fields first, then req_seq (release)
+    cdef int64_t req_seq, done_seq
+    cdef int req_kind, req_slot, req_result
+    # transitions (loop -> control thread): TR_CAP x TR_FIELDS records, tr_count published (release)
+    cdef int64_t *tr
+    cdef int64_t tr_count
+    # canary rules (control_node.config [rollout]); counts of the running canary
+    cdef public int64_t canary_ticks, canary_window, canary_budget_ns, canary_max_over
+    cdef public double canary_max_disagree, shadow_distance
+    cdef readonly int64_t canary_done, canary_over, window_ticks, window_disagree
+    # shadow: figures since it started, its output, the input and answer of this tick's inference
+    cdef readonly int64_t shadow_ticks, shadow_disagree, shadow_nonfinite, shadow_ns_max, shadow_ns_sum
+    cdef double *u_shadow
+    cdef const double *x_used
+    cdef int class_used, rc_used
+    cdef int8_t *r_policy
+    cdef uint8_t *r_shadow
+    cdef float *r_shadow_dist
+    cdef int64_t *r_shadow_ns
     cdef void *sub
     cdef void *pub
     cdef zmq_recv_t z_recv
@@ -224,7 +288,24 @@ cdef class RtLoop:
         ``action_ring_cycles`` the cycles the action ring keeps (0: rundir.action_ring_capacity).
         ``decimation``: the policy runs on one tick in N (timer clock; _schedule); ``history``: frames of
         n_features / history each stacked into the policy's input, oldest first unless history_newest_first."""
-        self.policy = policy
+        self.pol = <void *> policy
+        self._slot_refs = [None] * MAX_POLICIES
+        self._slot_refs[0] = policy
+        cdef int i
+        for i in range(MAX_POLICIES):
+            self.slot_pol[i] = NULL
+            self.slot_safe_class[i] = safe_action
+        self.slot_pol[0] = self.pol
+        self.active, self.previous, self.shadow, self.canary = 0, -1, -1, False
+        self.req_seq = self.done_seq = 0
+        self.req_kind = self.req_slot = self.req_result = 0
+        self.tr_count = 0
+        self.canary_ticks, self.canary_window, self.canary_budget_ns, self.canary_max_over = 500, 50, 0, 3
+        self.canary_max_disagree, self.shadow_distance = 0.2, 0.1
+        self.canary_done = self.canary_over = self.window_ticks = self.window_disagree = 0
+        self.shadow_ticks = self.shadow_disagree = self.shadow_nonfinite = self.shadow_ns_max = self.shadow_ns_sum = 0
+        self.class_used = self.rc_used = -1
+        self.x_used = NULL
         self.reset_on_trip = reset_on_trip
         self.state_resets = 0
         self.n_features = policy.n_features
@@ -267,12 +348,17 @@ cdef class RtLoop:
         tx = np.zeros(self.tx_cap, dtype=np.uint8)
         self.tx = <uint8_t *> cnp.PyArray_DATA(tx)
         cdef int uw = max(self.n_actions, 1)
-        us = np.zeros((3, uw), dtype=np.float64)
-        us[2, :su.shape[0]] = su
+        us = np.zeros((3, uw), dtype=np.float64)         # u_new, u_last, u_shadow
         self.u_new = <double *> cnp.PyArray_DATA(us)
         self.u_last = self.u_new + uw
-        self.u_safe = self.u_last + uw
+        self.u_shadow = self.u_last + uw
+        slot_safe = np.zeros((MAX_POLICIES, uw), dtype=np.float64)
+        slot_safe[0, :su.shape[0]] = su
+        self.slot_safe = <double *> cnp.PyArray_DATA(slot_safe)
+        self.u_safe = self.slot_safe
         self.u_have_good = False
+        tr = np.zeros((TR_CAP, TR_FIELDS), dtype=np.int64)
+        self.tr = <int64_t *> cnp.PyArray_DATA(tr)
         self.sub = <void *> sub_handle
         self.pub = <void *> pub_handle
         self.z_recv = <zmq_recv_t> <size_t> fns["zmq_recv"]
@@ -324,8 +410,11 @@ cdef class RtLoop:
             self.action_capacity = 0
             self.action_ring = None
             self.r_u = NULL
-        self._keep = (rx, xs, xh, tx, us)
-        cdef int i
+        self.r_policy = <int8_t *> cnp.PyArray_DATA(ring["policy"])
+        self.r_shadow = <uint8_t *> cnp.PyArray_DATA(ring["shadow"])
+        self.r_shadow_dist = <float *> cnp.PyArray_DATA(ring["shadow_dist"])
+        self.r_shadow_ns = <int64_t *> cnp.PyArray_DATA(ring["shadow_ns"])
+        self._keep = (rx, xs, xh, tx, us, slot_safe, tr)
         for i in range(CN_N_REASONS):
             self.rejected[i] = 0
 
@@ -333,6 +422,98 @@ cdef class RtLoop:
     def request_stop(self):
         """Ask the loop to finish its current cycle and return (safe from any thread)."""
         self.stop_flag = 1
+
+    # ---------------------------------------------------- lifecycle (control thread)
+    def set_slot(self, int slot, Policy policy, safe_u=None, int safe_class=0):
+        """Put ``policy`` in a free slot (not active, shadow or a running canary's previous) with its safe
+        action. The caller checked its widths against the stream's (``control_node.lifecycle``)."""
+        if not 0 <= slot < MAX_POLICIES:
+            raise ValueError(f"slot must be 0 to {MAX_POLICIES - 1}; got {slot}")
+        if slot in self.slots_in_use():
+            raise ValueError(f"slot {slot} is in use by the loop")
+        if policy.n_features != self.n_features or policy.n_actions != self.n_actions \
+                or policy.continuous != self.continuous:
+            raise ValueError("the policy's widths or head differ from the loop's")
+        cdef int j, uw = max(self.n_actions, 1)
+        if self.continuous:
+            su = np.array(policy.spec.action_offset if safe_u is None else safe_u, dtype=np.float64).reshape(-1)
+            if su.shape[0] != self.n_actions or not np.isfinite(su).all():
+                raise ValueError(f"safe_u must be {self.n_actions} finite floats; got {su.tolist()}")
+            for j in range(self.n_actions):
+                self.slot_safe[slot * uw + j] = su[j]
+        self.slot_safe_class[slot] = safe_class
+        self._slot_refs[slot] = policy
+        self.slot_pol[slot] = <void *> policy
+
+    def clear_slot(self, int slot):
+        """Forget the policy in ``slot`` (not one the loop uses)."""
+        if slot in self.slots_in_use():
+            raise ValueError(f"slot {slot} is in use by the loop")
+        self.slot_pol[slot] = NULL
+        self._slot_refs[slot] = None
+
+    def slots_in_use(self):
+        """Slots the loop may run now or switch to by itself: active, shadow, a canary's previous."""
+        used = {self.active}
+        if self.shadow >= 0:
+            used.add(self.shadow)
+        if self.canary and self.previous >= 0:
+            used.add(self.previous)
+        return used
+
+    def forget_previous(self):
+        """No rollback target any more (its policy is being unloaded). Not during a canary: the loop may
+        roll back to it by itself then. The loop reads ``previous`` only when it takes a request."""
+        if self.canary:
+            raise ValueError("a canary is running: its previous policy is in use")
+        self.previous = -1
+
+    def slot_policy(self, int slot):
+        """The Policy in ``slot``, or None."""
+        return self._slot_refs[slot]
+
+    def post_request(self, int kind, int slot=-1):
+        """Post a lifecycle request (a rundir.TRANSITIONS code: activate, canary, shadow, unshadow,
+        rollback) for the loop to apply between two cycles; returns its number for :meth:`request_done`.
+        One at a time: the previous one must be done."""
+        if cn_load_acquire(&self.done_seq) != self.req_seq:
+            raise RuntimeError("a lifecycle request is still pending")
+        if kind in (TR_ACTIVATE, TR_CANARY, TR_SHADOW) and (
+                not 0 <= slot < MAX_POLICIES or self.slot_pol[slot] == NULL):
+            raise ValueError(f"slot {slot} holds no policy")
+        self.req_kind, self.req_slot, self.req_result = kind, slot, 0
+        cn_store_release(&self.req_seq, self.req_seq + 1)
+        return self.req_seq
+
+    def request_done(self, int64_t seq):
+        """None while request ``seq`` is pending, else its result (0 done, else a TRANSITION_REASONS code
+        saying why not)."""
+        if cn_load_acquire(&self.done_seq) < seq:
+            return None
+        return self.req_result
+
+    def apply_pending(self):
+        """Apply a posted request now: only while the loop is not running (before or after ``run``)."""
+        with nogil:
+            self._apply_request()
+
+    def transitions_since(self, int64_t start):
+        """(records, next): the loop's transition records from number ``start`` on, as tuples (cycle,
+        kind, slot, from_slot, reason, t_ns, seq); records overwritten before they were read are skipped."""
+        cdef int64_t end = cn_load_acquire(&self.tr_count)
+        start = max(start, end - TR_CAP)
+        out = []
+        cdef int64_t k, *row
+        for k in range(start, end):
+            row = self.tr + (k % TR_CAP) * TR_FIELDS
+            out.append(tuple(int(row[j]) for j in range(TR_FIELDS)))
+        return out, end
+
+    def set_rules(self, *, int64_t canary_ticks, int64_t window, double max_disagree, int64_t budget_ns,
+                  int64_t max_over, double distance):
+        """The canary's rules (policy ticks) and the shadow's disagreement distance (L2, action units)."""
+        self.canary_ticks, self.canary_window, self.canary_max_disagree = canary_ticks, window, max_disagree
+        self.canary_budget_ns, self.canary_max_over, self.shadow_distance = budget_ns, max_over, distance
 
     @property
     def safe_vector(self):
@@ -354,7 +535,7 @@ cdef class RtLoop:
             t0_ns = now_ns() + self.period_ns
         self.t0_ns = t0_ns
         self.run_until_ns = run_until_ns
-        self.policy.reset_ptr()          # a recurrent policy starts from zero state (no-op otherwise)
+        (<Policy> self.pol).reset_ptr()          # a recurrent policy starts from zero state (no-op otherwise)
         with nogil:
             if self.sensor_clock:
                 self._run_sensor_clock()
@@ -449,6 +630,10 @@ cdef class RtLoop:
         self.r_flags[i] = flags
         self.r_action[i] = <int16_t> action
         self.r_seq[i] = seq
+        self.r_policy[i] = <int8_t> self.active
+        self.r_shadow[i] = SH_NONE
+        self.r_shadow_dist[i] = -1.0
+        self.r_shadow_ns[i] = -1
         cdef int64_t *h = self.hist
         if wake_lat >= 0:
             cn_hist_record(h + H_WAKE * CN_HIST_BUCKETS, wake_lat)
@@ -484,9 +669,11 @@ cdef class RtLoop:
             if not stale_state[0]:
                 self.h_count = 0
                 self.fresh = False
-                if self.reset_on_trip and self.policy.hidden_size > 0:
-                    self.policy.reset_ptr()     # an episode ends: the next frame starts from zero state
+                if self.reset_on_trip and (<Policy> self.pol).hidden_size > 0:
+                    (<Policy> self.pol).reset_ptr()     # an episode ends: the next frame starts from zero state
                     self.state_resets += 1
+                if self.reset_on_trip and self.shadow >= 0:
+                    (<Policy> self.slot_pol[self.shadow]).reset_ptr()
             stale_state[0] = True
             stale_now[0] = True
             self.stale_cycles += 1
@@ -530,8 +717,15 @@ cdef class RtLoop:
         Sets FLAG_SAFE in flags when the safe action is chosen."""
         cdef int a
         cdef bint stale
+        cdef const double *x
         if self._schedule(got, due, t_wake, last_rx, stale_state, &stale, seq, tns, flags):
-            a = self.policy.predict_ptr(self._policy_input())
+            x = self._policy_input()
+            self.x_used = x
+            a = (<Policy> self.pol).predict_ptr(x)
+            if a < 0 and self.canary:       # the canary failed: the previous policy answers, this tick
+                self._canary_rollback(WHY_NON_FINITE)
+                a = (<Policy> self.pol).predict_ptr(x)
+            self.class_used = a
             if a < 0:       # logits overflowed: never publish garbage
                 self.rejected[CN_NON_FINITE_OUTPUT] += 1
                 last_safe[0] = True
@@ -551,8 +745,17 @@ cdef class RtLoop:
         """_decide for a continuous policy: the action vector to publish (the policy's on an inference
         tick, the held one, or the safe one). A non-finite output never reaches u_last."""
         cdef bint stale
+        cdef const double *x
+        cdef int rc
         if self._schedule(got, due, t_wake, last_rx, stale_state, &stale, seq, tns, flags):
-            if self.policy.act_ptr(self._policy_input(), self.u_new) < 0:     # not finite: u_new is garbage
+            x = self._policy_input()
+            self.x_used = x
+            rc = (<Policy> self.pol).act_ptr(x, self.u_new)
+            if rc < 0 and self.canary:      # the canary failed: the previous policy answers, this tick
+                self._canary_rollback(WHY_NON_FINITE)
+                rc = (<Policy> self.pol).act_ptr(x, self.u_new)
+            self.rc_used = rc
+            if rc < 0:      # not finite: u_new is garbage
                 self.rejected[CN_NON_FINITE_OUTPUT] += 1
                 last_safe[0] = True
             else:
@@ -600,6 +803,153 @@ cdef class RtLoop:
         self._record(tick, wake_lat, t_wake, t_recv, t_infer, t_pub, period,
                      # input age only where the policy acted on a frame (not for safe actions)
                      (t_wake - tns) if (tns >= 0 and not (flags & FLAG_SAFE)) else -1, flags, action, seq)
+        cdef int sh = SH_NONE
+        if flags & FLAG_INFER:
+            if self.shadow >= 0:        # after the publish: the shadow never delays or changes the action
+                sh = self._run_shadow()
+            if self.canary:
+                self._canary_tick(t_pub - t_wake, sh)
+
+    # ------------------------------------------------------------------ lifecycle (loop thread)
+    cdef inline void _use(self, int slot) noexcept nogil:
+        """Make ``slot`` the active policy: the pointer exchange, and its safe action."""
+        self.pol = self.slot_pol[slot]
+        self.active = slot
+        self.u_safe = self.slot_safe + slot * max(self.n_actions, 1)
+        self.safe_action = self.slot_safe_class[slot]
+
+    cdef void _transition(self, int kind, int slot, int from_slot, int why) noexcept nogil:
+        """Record a transition; its cycle is the first one the new arrangement runs."""
+        cdef int64_t *row = self.tr + (self.tr_count % TR_CAP) * TR_FIELDS
+        row[0] = self.cycles
+        row[1] = kind
+        row[2] = slot
+        row[3] = from_slot
+        row[4] = why
+        row[5] = now_ns()
+        row[6] = <int64_t> self.act_seq if self.act_have else -1
+        cn_store_release(&self.tr_count, self.tr_count + 1)
+
+    cdef void _start_shadow(self, int slot) noexcept nogil:
+        self.shadow = slot
+        self.shadow_ticks = self.shadow_disagree = self.shadow_nonfinite = 0
+        self.shadow_ns_max = self.shadow_ns_sum = 0
+
+    cdef void _canary_rollback(self, int why) noexcept nogil:
+        """Back to the previous policy, which ran as the shadow on the same inputs (its state and the
+        history are current: nothing is reset)."""
+        cdef int bad = self.active
+        self.canary = False
+        self.shadow = -1
+        self._use(self.previous)
+        self.previous = bad
+        self._transition(TR_ROLLBACK if why == WHY_REQUEST else TR_AUTO_ROLLBACK, self.active, bad, why)
+
+    cdef void _apply_request(self) noexcept nogil:
+        """Take a posted request between two cycles. Activation resets the new policy's recurrent state
+        and the history (it starts as at the start of a run); the previous policy is kept for rollback."""
+        cdef int64_t seq = cn_load_acquire(&self.req_seq)
+        if seq == self.done_seq:
+            return
+        cdef int kind = self.req_kind, slot = self.req_slot, old = self.active, result = 0
+        if kind == TR_ACTIVATE or kind == TR_CANARY:
+            self.canary = False
+            if self.shadow == slot or kind == TR_CANARY:
+                self.shadow = -1
+            if slot != old:
+                self._use(slot)
+                (<Policy> self.pol).reset_ptr()
+                self.h_count = 0
+                self.previous = old
+                if kind == TR_CANARY:       # the old policy goes on, in shadow, as the yardstick
+                    self.canary = True
+                    self._start_shadow(old)
+                    self.canary_done = self.canary_over = self.window_ticks = self.window_disagree = 0
+            self._transition(kind, slot, old, WHY_REQUEST)
+        elif kind == TR_SHADOW:
+            (<Policy> self.slot_pol[slot]).reset_ptr()
+            self._start_shadow(slot)
+            self._transition(kind, slot, old, WHY_REQUEST)
+        elif kind == TR_UNSHADOW:
+            self._transition(kind, -1, self.shadow, WHY_REQUEST)
+            self.shadow = -1
+        elif kind == TR_ROLLBACK:
+            if self.canary:
+                self._canary_rollback(WHY_REQUEST)
+            elif self.previous < 0:
+                result = WHY_NO_PREVIOUS
+            else:
+                self._use(self.previous)
+                (<Policy> self.pol).reset_ptr()
+                self.h_count = 0
+                self.previous = old
+                if self.shadow == self.active:
+                    self.shadow = -1
+                self._transition(kind, self.active, old, WHY_REQUEST)
+        self.req_result = result
+        cn_store_release(&self.done_seq, seq)
+
+    cdef int _run_shadow(self) noexcept nogil:
+        """The shadow on this tick's input; its agreement with the active policy's answer into the ring
+        (cycle just recorded) and the running figures. Returns the SHADOW_CODES code."""
+        cdef void *sp = self.slot_pol[self.shadow]
+        cdef int64_t t0 = now_ns(), dt, i = (self.cycles - 1) % self.capacity
+        cdef int code, c, j
+        cdef double d = 0.0, e
+        if self.continuous:
+            if (<Policy> sp).act_ptr(self.x_used, self.u_shadow) < 0:
+                code, d = SH_NON_FINITE, -1.0
+            elif self.rc_used < 0:
+                code, d = SH_DISAGREE, -1.0         # the active answered nothing finite, the shadow did
+            else:
+                for j in range(self.n_actions):
+                    e = self.u_shadow[j] - self.u_new[j]
+                    d += e * e
+                d = sqrt(d)
+                code = SH_DISAGREE if d > self.shadow_distance else SH_AGREE
+        else:
+            c = (<Policy> sp).predict_ptr(self.x_used)
+            if c < 0:
+                code, d = SH_NON_FINITE, -1.0
+            else:
+                code = SH_AGREE if c == self.class_used else SH_DISAGREE
+                d = 0.0 if code == SH_AGREE else 1.0
+        dt = now_ns() - t0
+        self.shadow_ticks += 1
+        if code != SH_AGREE:
+            self.shadow_disagree += 1
+        if code == SH_NON_FINITE:
+            self.shadow_nonfinite += 1
+        self.shadow_ns_sum += dt
+        if dt > self.shadow_ns_max:
+            self.shadow_ns_max = dt
+        self.r_shadow[i] = <uint8_t> code
+        self.r_shadow_dist[i] = <float> d
+        self.r_shadow_ns[i] = dt
+        return code
+
+    cdef void _canary_tick(self, int64_t cycle_time, int sh) noexcept nogil:
+        """A canary's policy tick: roll back when it broke the cycle-time budget more than canary_max_over
+        times, or disagreed with the previous policy (the shadow) on more than canary_max_disagree of a
+        window; promote it after canary_ticks policy ticks."""
+        self.canary_done += 1
+        if self.canary_budget_ns > 0 and cycle_time > self.canary_budget_ns:
+            self.canary_over += 1
+            if self.canary_over > self.canary_max_over:
+                self._canary_rollback(WHY_CYCLE_BUDGET)
+                return
+        self.window_ticks += 1
+        if sh != SH_AGREE:
+            self.window_disagree += 1
+        if self.window_ticks >= self.canary_window:
+            if self.window_disagree > self.canary_max_disagree * self.window_ticks:
+                self._canary_rollback(WHY_DISAGREEMENT)
+                return
+            self.window_ticks = self.window_disagree = 0
+        if self.canary_done >= self.canary_ticks:
+            self.canary = False
+            self.shadow = -1
+            self._transition(TR_PROMOTE, self.active, self.previous, WHY_CANARY_PASSED)
 
     cdef inline void _phase_step(self, int64_t tick, int64_t tns, bint early) noexcept nogil:
         """Phase lock, after a tick that drained a new valid frame. ``early``: the frame was in the socket
@@ -686,6 +1036,7 @@ cdef class RtLoop:
             if self.phase_lock and (got & 1) and tns >= 0:
                 self._phase_step(tick, tns, early)
             k += 1
+            self._apply_request()           # a switch happens here, between two cycles
             if self.catch_up_skip:
                 # every tick that already passed is skipped, and each one is a miss
                 now = now_ns()
@@ -710,6 +1061,7 @@ cdef class RtLoop:
         while not self.stop_flag:
             if self.run_until_ns > 0 and now_ns() >= self.run_until_ns:
                 break
+            self._apply_request()
             item.revents = 0
             rc = self.z_poll(&item, 1, timeout_ms)
             t_wake = now_ns()
@@ -785,9 +1137,18 @@ def compiled_constants():
         "ring": {"cycle": sizeof(int64_t), "t_tick_ns": sizeof(int64_t), "wake_latency_ns": sizeof(int64_t),
                  "recv_ns": sizeof(int64_t), "infer_ns": sizeof(int64_t), "publish_ns": sizeof(int64_t),
                  "cycle_time_ns": sizeof(int64_t), "period_ns": sizeof(int64_t), "input_age_ns": sizeof(int64_t),
-                 "flags": sizeof(uint8_t), "action": sizeof(int16_t), "seq": sizeof(uint64_t)},
+                 "flags": sizeof(uint8_t), "action": sizeof(int16_t), "seq": sizeof(uint64_t),
+                 "policy": sizeof(int8_t), "shadow": sizeof(uint8_t), "shadow_dist": sizeof(float),
+                 "shadow_ns": sizeof(int64_t)},
         "action_ring": {"u": sizeof(float)},
         "action_codes": {"policy": ACTION_POLICY, "safe": ACTION_SAFE},
+        "max_policies": MAX_POLICIES,
+        "transitions": {"activate": TR_ACTIVATE, "canary": TR_CANARY, "shadow": TR_SHADOW, "unshadow": TR_UNSHADOW,
+                        "rollback": TR_ROLLBACK, "auto_rollback": TR_AUTO_ROLLBACK, "promote": TR_PROMOTE},
+        "transition_reasons": {"request": WHY_REQUEST, "non_finite": WHY_NON_FINITE,
+                               "cycle_budget": WHY_CYCLE_BUDGET, "disagreement": WHY_DISAGREEMENT,
+                               "canary_passed": WHY_CANARY_PASSED, "no_previous": WHY_NO_PREVIOUS},
+        "shadow_codes": {"none": SH_NONE, "agree": SH_AGREE, "disagree": SH_DISAGREE, "non_finite": SH_NON_FINITE},
     }
 
 
