@@ -268,3 +268,24 @@ def test_keys_verb_modes_and_no_overwrite(tmp_path):
     r = run("--name", "robot1")
     assert r.returncode == 2 and "--force" in r.stderr
     assert run("--name", "../x").returncode == 2
+
+
+def test_control_endpoint_answers_only_allowed_clients(curve_node, iris_model_path):
+    """On tcp with CURVE, the control endpoint is silent to a plaintext client and to a key not in the
+    allow-list (their load never happens); an allowed client sees the start-up policy alone."""
+    from control_node.lifecycle import PolicyClient
+    node, keys, cfg = curve_node
+    ep = node.endpoints["control"]
+    assert ep.startswith("tcp://127.0.0.1:")
+    for curve in (None, curve_for(keys, "intruder")):
+        with PolicyClient(ep, curve, timeout=1.5) as client:
+            with pytest.raises(UserError, match="no reply"):
+                client.request({"op": "load", "name": "intruder", "path": str(iris_model_path)})
+    with PolicyClient(ep, curve_for(keys, "robot"), timeout=10.0) as client:
+        rep = client.request({"op": "status"})
+    assert rep["ok"] and rep["status"]["active"] == "iris"
+    assert [p["name"] for p in rep["status"]["policies"]] == ["iris"]
+    p = subprocess.run([sys.executable, "-m", "control_node", "policy", "status", "--config", str(cfg), "--json"],
+                       cwd=CHILD_CWD, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["status"]["active"] == "iris"
