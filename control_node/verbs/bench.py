@@ -13,6 +13,7 @@ BENCHMARKS = {
     "loop": "1 kHz loop wake-up latency and round trip: node vs cyclictest vs a naive Python loop",
     "replay": "lockstep replay throughput through the node vs a bare pyzmq echo",
     "soak": "long run at 1 kHz with the simulator: RSS, file descriptors, misses",
+    "switch": "1000 policy switches during a 1 kHz run vs none, side by side; the shadow policy's cost per shape",
 }
 
 
