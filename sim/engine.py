@@ -128,7 +128,10 @@ class ClosedLoop:
                         f"(sensor {self.endpoints['sensor']}, action {self.endpoints['action']}); is it running?")
 
     def run(self, stream, lockstep=False, answer_timeout=1.0, grace=0.3, spin_us=100, progress=False,
-            stopper=None, max_duration=None):
+            stopper=None, max_duration=None, before_send=None):
+        """Send the stream's frames (on its schedule, or lockstep: each after the previous one's answer)
+        and collect the answers. ``before_send(i)``, if given, runs before frame i is sent (replay uses it
+        to repeat the recording's policy switches at the same frames)."""
         import msgpack
         zmq = self.zmq
         n = len(stream)
@@ -214,6 +217,8 @@ class ClosedLoop:
                 while mono() < target:
                     drain()
             last_i = i
+            if before_send is not None:
+                before_send(i)
             if drop[i]:
                 continue
             t = mono()

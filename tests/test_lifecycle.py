@@ -352,3 +352,61 @@ def test_1000_switches_allocate_nothing_on_the_loop_thread(tmp_path, models):
     in_loop = [d for d in snap1.compare_to(snap0, "lineno")
                if d.traceback[0].filename == __file__ and d.traceback[0].lineno == run_line]
     assert sum(d.count_diff for d in in_loop) == 0   # no Python memory allocated by the loop
+
+
+def test_record_and_replay_follow_a_switch(tmp_path, iris_model_path):
+    """A switch made while recording is in the record stream; `replay --verify` repeats it on a fresh node
+    before the first frame the new policy answered, so every action matches; --no-follow does not, and the
+    answers after the switch then differ."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from test_record_replay import start_recorder
+    from control_node.bench.harness import CHILD_CWD, NodeProcess, child_env, make_endpoint_dir, write_node_config
+    from control_node.recording.reader import policy_switches, recorded_transitions
+    from control_node.train.iris import export_verified, train_iris
+    other = str(tmp_path / "other.npz")
+    export_verified(train_iris(hidden=(2,), seed=11, epochs=15), other)
+    cfg = str(tmp_path / "node.toml")
+    write_node_config(cfg, make_endpoint_dir())
+    mcap = tmp_path / "rec.mcap"
+    with NodeProcess(cfg, iris_model_path, "--run-dir", tmp_path / "node"):
+        rec = start_recorder(cfg, mcap)
+        sim = subprocess.Popen([sys.executable, "-m", "control_node", "sim", "gauss", "--duration", "4", "--noise",
+                                "0.3", "--seed", "3", "--tap", "--config", cfg, "--run-dir", str(tmp_path / "sim")],
+                               cwd=CHILD_CWD, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True)
+        time.sleep(1.5)
+        assert policy_cli(cfg, "load", "other", other)[0] == 0
+        rc, rep = policy_cli(cfg, "activate", "other")
+        assert rc == 0, rep
+        out, _ = sim.communicate(timeout=60)
+        assert sim.returncode == 0, out
+        rec.send_signal(signal.SIGINT)
+        rec.communicate(timeout=10)
+    switches = policy_switches(recorded_transitions(mcap))
+    assert [w[1] for w in switches] == ["iris", "other"] and switches[1][0] > 0
+    for follow in (True, False):
+        d = tmp_path / f"replay-{follow}"
+        cfg2 = str(tmp_path / f"node-{follow}.toml")
+        write_node_config(cfg2, make_endpoint_dir())
+        with NodeProcess(cfg2, iris_model_path, "--run-dir", d / "node") as node2:
+            r = run_cli("replay", mcap, "--verify", "--config", cfg2, "--run-dir", d / "rp",
+                        *([] if follow else ["--no-follow"]), timeout=120)
+            node2.stop()
+        s = json.loads((d / "rp" / "summary.json").read_text())
+        live = json.loads((d / "node" / "summary.json").read_text())
+        events = [(e["event"], e["policy"]) for e in live["lifecycle"]["transitions"]]
+        if follow:
+            assert r.returncode == 0, r.stdout + r.stderr
+            assert s["verify"]["mismatches"] == 0 and s["verify"]["compared"] > 1000
+            assert [f["policy"] for f in s["stream"]["followed_switches"]] == ["other"]
+            assert s["stream"]["followed_switches"][0]["before_recorded_seq"] == switches[1][0] + 1
+            assert ("activate", "other") in events
+        else:
+            assert r.returncode == 1 and s["verify"]["mismatches"] > 0, r.stdout
+            assert ("activate", "other") not in events
+            first_bad = min(m["seq"] for m in s["verify"]["mismatched"])
+            assert first_bad > switches[1][0]          # the frames before the switch still match

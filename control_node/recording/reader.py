@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from control_node.recording import ACTION
+from control_node.recording import ACTION, DIAGNOSTICS
 
 
 def iter_messages(path):
@@ -110,3 +110,30 @@ def verify(recorded_seq, res, answers, atol=1e-6):
                 mismatches.append({"seq": int(rs), "recorded": rec[0],
                                    "replayed": None if lost else got, "safe": safe, "lost": bool(lost)})
     return compared, mismatches
+
+
+def recorded_transitions(path):
+    """The node's policy transitions recorded in a file (``lifecycle.transitions`` of its diagnostics
+    snapshots, each numbered ``n``), once each, in order. Empty for a recording of an older node."""
+    import msgpack
+    seen = {}
+    for raw, _lt in read_recording(path, [DIAGNOSTICS])[DIAGNOSTICS]:
+        d = msgpack.unpackb(raw)
+        for e in ((d.get("lifecycle") or {}).get("transitions") or []):
+            seen.setdefault(e["n"], e)
+    return [seen[k] for k in sorted(seen)]
+
+
+SWITCH_EVENTS = ("activate", "canary", "rollback", "auto_rollback")
+
+
+def policy_switches(transitions):
+    """Which policy was active from which frame on: ``[(seq, name, path, sha256, event)]`` in order, each
+    the active policy for the frames after ``seq`` (the last frame the old policy acted on; -1: from the
+    start, as the start-up policy)."""
+    out = []
+    for e in transitions:
+        if e["event"] in SWITCH_EVENTS and e.get("policy"):
+            out.append((-1 if e.get("seq") is None else int(e["seq"]), e["policy"], e.get("path"), e.get("sha256"),
+                        e["event"]))
+    return out

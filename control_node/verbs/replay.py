@@ -21,6 +21,10 @@ def register(sub):
                    help="--verify of action vectors (continuous policies): a component matches when "
                         "|live - recorded| <= ATOL * max(1, |recorded|) (default: %(default)s)")
     p.add_argument("--config", help="node config whose [endpoints] to use (default: the packaged node.toml)")
+    p.add_argument("--no-follow", action="store_true",
+                   help="do not repeat the recording's policy switches on the node (by default each switch is "
+                        "made through the node's control endpoint before the first frame the new policy acted on; "
+                        "a policy not resident is loaded from its recorded path, checked by sha256)")
     p.add_argument("--tap", nargs="?", const="auto", default=None, metavar="ENDPOINT",
                    help="also publish every frame on the sensor tap (to record the replay)")
     p.add_argument("--run-dir", help="where to write summary.json and roundtrip.npz (default: runs/<id>/)")
@@ -45,8 +49,10 @@ def run(args):
     lockstep = args.lockstep or args.verify
     tap = None if args.tap is None else (eps["sensor_tap"] if args.tap == "auto" else args.tap)
     run_dir = args.run_dir or engine.new_run_dir("replay")
-    loop = engine.ClosedLoop(eps, tap=tap, handshake_timeout=args.timeout,
-                              curve=client_curve_from_config_path(args.config))
+    curve = client_curve_from_config_path(args.config)
+    loop = engine.ClosedLoop(eps, tap=tap, handshake_timeout=args.timeout, curve=curve)
+    follower = None if args.no_follow else SwitchFollower.from_recording(args.file, st.recorded_seq, eps["control"],
+                                                                         curve, args.timeout)
     print(f"replay: {args.file}: {len(st)} frames over {st.offsets_ns[-1] / 1e9:.3f} s at rate {args.rate:g}"
           f"{' (lockstep)' if lockstep else ''}", flush=True)
     passes = 0
@@ -54,7 +60,10 @@ def run(args):
         with engine.Stopper() as stopper:
             while True:
                 try:
-                    res = loop.run(st, lockstep=lockstep, stopper=stopper, progress=True)
+                    if follower is not None:
+                        follower.rewind()
+                    res = loop.run(st, lockstep=lockstep, stopper=stopper, progress=True,
+                                   before_send=follower.before_send if follower is not None else None)
                 except KeyboardInterrupt:
                     return 130
                 passes += 1
@@ -62,7 +71,10 @@ def run(args):
                     break
     finally:
         loop.close()
-    settings = dict(st.settings, lockstep=lockstep, loop=args.loop, passes=passes, tap=tap)
+        if follower is not None:
+            follower.close()
+    settings = dict(st.settings, lockstep=lockstep, loop=args.loop, passes=passes, tap=tap,
+                    followed_switches=follower.done if follower is not None else [])
     summary = engine.summarize(res, loop, settings, role="replay", lockstep=lockstep, atol=args.atol)
     summary["wall_s"] = res["wall_s"]
     rc = 0
@@ -95,3 +107,71 @@ def run(args):
     engine.write_run_dir(run_dir, summary, res)
     engine.print_summary(summary, run_dir)
     return rc
+
+
+class SwitchFollower:
+    """Repeats a recording's policy switches on the live node, each before the first frame (by recorded
+    seq) the new policy acted on, through the control endpoint (plain activations: the recorded outcome,
+    whatever rule caused it). A policy the node does not hold is loaded from its recorded path; a resident
+    one of the same name but another sha256 is an error."""
+
+    def __init__(self, switches, recorded_seq, endpoint, curve, timeout):
+        from control_node.lifecycle import PolicyClient
+        self.recorded_seq = [int(s) for s in recorded_seq]
+        first = self.recorded_seq[0] if self.recorded_seq else 0
+        # the policy active for the first replayed frame, then the switches after it
+        before = [w for w in switches if w[0] < first]
+        self.first = before[-1] if before else None
+        self.switches = [w for w in switches if w[0] >= first]
+        self.client = PolicyClient(endpoint, curve, timeout=max(timeout, 30.0))
+        self.k, self.done = 0, []
+
+    @classmethod
+    def from_recording(cls, path, recorded_seq, endpoint, curve, timeout):
+        from control_node.recording.reader import policy_switches, recorded_transitions
+        f = cls(policy_switches(recorded_transitions(path)), recorded_seq, endpoint, curve, timeout)
+        if not f.switches:
+            f.close()
+            return None
+        print(f"replay: the recording switches policy {len(f.switches)} time(s); following them on {endpoint} "
+              "(--no-follow: do not)", flush=True)
+        return f
+
+    def rewind(self):
+        """Back to the recording's start-up policy (a second pass of --loop, or the first)."""
+        self.k = 0
+        if self.first is not None:
+            _seq, name, path, sha, _event = self.first
+            self._activate(name, path, sha)
+
+    def _activate(self, name, path, sha, st=None):
+        from control_node.errors import UserError
+        st = st or self.client.request({"op": "status"})["status"]
+        have = _sha_of(st, name)
+        if have is None:
+            rep = self.client.request({"op": "load", "name": name, "path": path})
+            if not rep["ok"]:
+                raise UserError(f"replay: cannot load the recorded policy {name} from {path}: {rep['message']}")
+            have = _sha_of(rep["status"], name)
+        if sha and have != sha:
+            raise UserError(f"replay: the node's policy {name} (sha256 {str(have)[:12]}) is not the recorded one "
+                            f"({sha[:12]}, {path})")
+        if st["active"] != name:
+            rep = self.client.request({"op": "activate", "name": name})
+            if not rep["ok"] and rep["error"] != "already_active":
+                raise UserError(f"replay: the node refused to activate {name}: {rep['message']}")
+
+    def before_send(self, i):
+        rs = self.recorded_seq[i]
+        while self.k < len(self.switches) and rs > self.switches[self.k][0]:
+            seq, name, path, sha, event = self.switches[self.k]
+            self._activate(name, path, sha)
+            self.done.append({"before_recorded_seq": rs, "policy": name, "event": event})
+            self.k += 1
+
+    def close(self):
+        self.client.close()
+
+
+def _sha_of(status, name):
+    return next((p["sha256"] for p in status["policies"] if p["name"] == name), None)
