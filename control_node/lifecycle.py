@@ -62,6 +62,7 @@ class Lifecycle:
         self.log: list[dict] = []
         self.log_dropped = 0
         self._tr_next = 0
+        self.last_shadow = None             # the shadow the loop's shadow figures belong to
         name = lc["name"] or _stem(path)
         self.residents: dict[str, dict] = {}
         self.by_slot: dict[int, str] = {}
@@ -118,6 +119,8 @@ class Lifecycle:
                 name, other = other, None
             out.append(self._log(event, name, other, rundir.TRANSITION_REASONS[why], cycle=cycle, t_ns=t_ns,
                                  seq=seq if seq >= 0 else None))
+            if event in ("shadow", "canary"):
+                self.last_shadow = name if event == "shadow" else other   # whose figures the loop now counts
         return out
 
     def name_of(self, slot):
@@ -312,7 +315,7 @@ class Lifecycle:
             code, dist, cost = arrays["shadow"], arrays["shadow_dist"], arrays["shadow_ns"]
         ran = code != 0
         d = dist[ran & (dist >= 0)].astype(np.float64)
-        return {"policy": self.name_of(loop.shadow), "ticks": ticks, "disagree": int(loop.shadow_disagree),
+        return {"policy": self.name_of(loop.shadow) or self.last_shadow, "running": loop.shadow >= 0, "ticks": ticks, "disagree": int(loop.shadow_disagree),
                 "disagree_rate": (int(loop.shadow_disagree) / ticks) if ticks else None,
                 "non_finite": int(loop.shadow_nonfinite),
                 "cost_ns": {"mean": (int(loop.shadow_ns_sum) / ticks) if ticks else None,

@@ -252,6 +252,20 @@ def top_renderable(diag: dict, endpoint: str, prev: dict | None = None, age_s: f
                           + ("actions (" + ", ".join(map(str, pol.get("action_names") or [])) + ")"
                              if pol["kind"] == "continuous" else f"class ({len(pol.get('classes') or [])} classes)")
                           + (f", safe action {sa.get('mode')}" if sa else "")))
+    lc = diag.get("lifecycle")
+    if isinstance(lc, dict) and lc.get("active"):
+        line = f"active policy {lc['active']}" + (" (canary)" if lc.get("canary") else "")
+        if lc.get("shadow"):
+            ticks, dis = lc.get("shadow_ticks") or 0, lc.get("shadow_disagree") or 0
+            cost = lc.get("shadow_cost_mean_ns")
+            line += (f", shadow {lc['shadow']}: {ticks} ticks, {dis} disagree"
+                     + (f" ({dis / ticks:.1%})" if ticks else "") + (f", +{cost / 1e3:.1f} us mean" if cost else ""))
+        line += f"; resident {', '.join(lc.get('resident') or [])}"
+        last = (lc.get("transitions") or [])[-1:]
+        if last and last[0].get("reason") != "start-up policy":
+            e = last[0]
+            line += f"; last: {e['event']} {e.get('policy') or ''} at cycle {e['cycle']} ({e.get('reason')})"
+        parts.append(Text(line))
     if any(rej.values()):
         parts.append(Text("rejected: " + ", ".join(f"{k} {v}" for k, v in sorted(rej.items()) if v)))
     win = diag.get("window") or {}

@@ -130,6 +130,8 @@ def test_shadow_never_changes_an_action_and_counts_what_an_offline_comparison_co
         c_shadow = rep["cycle"]
         lockstep(robot, xs, rng, 300, pa)
         rc, live = policy_cli(cfg, "status")
+        top = run_cli("top", "--once", "--config", cfg, env={"COLUMNS": "200"})
+        assert top.returncode == 0 and "active policy a, shadow b:" in top.stdout, top.stdout + top.stderr
         rc, rep = policy_cli(cfg, "unshadow")
         assert rc == 0 and rep["status"]["shadow"] is None
         c_unshadow = rep["cycle"]
@@ -158,6 +160,9 @@ def test_shadow_never_changes_an_action_and_counts_what_an_offline_comparison_co
     assert int((codes == rundir.SHADOW_CODES.index("disagree")).sum()) == want
     assert fig["cost_ns"]["ring"]["count"] == int(ran.sum()) and fig["cost_ns"]["max"] > 0
     assert live["status"]["shadow_figures"]["ticks"] >= 300        # status showed it while it ran
+    rep = run_cli("report", run_dir, "--no-plots", env={"COLUMNS": "200"})
+    assert rep.returncode == 0, rep.stderr
+    assert "policy timeline" in rep.stdout and f"shadow b: {fig['ticks']} policy ticks, {want} disagree" in rep.stdout
 
 
 def test_a_canary_with_non_finite_output_is_rolled_back_in_the_same_tick(tmp_path, models):

@@ -6,7 +6,8 @@ import html
 
 from control_node import rundir
 from control_node.report.load import PCT_LABELS, STAT_KEYS, METRIC_TITLES, EXTRA_COUNTERS
-from control_node.report.stats import all_stats, comparison, fmt_num, fmt_us, phase_lock_line, policy_rate_line, us_num
+from control_node.report.stats import (all_stats, comparison, fmt_num, fmt_us, lifecycle_changed, phase_lock_line,
+                                       policy_rate_line, shadow_line, timeline_rows, us_num)
 
 CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:2em auto;max-width:1100px;
@@ -81,6 +82,12 @@ def run_html(rs: dict, pngs: dict) -> str:
             *[[t, _h(n.get(k)), ""] for k, t in EXTRA_COUNTERS if n.get(k) is not None],
             ["rejected frames", _h(n.get("rejected_total")),
              _h(", ".join(f"{k} {c}" for k, c in sorted(rej.items()) if c))]], numeric_from=1, numeric_to=2))
+        lc = n.get("lifecycle")
+        if lifecycle_changed(lc):
+            parts.append(f"<h3>Policy timeline</h3><p class='note'>active at the end: {_h(lc.get('active'))}"
+                         + (f"; {_h(shadow_line(lc))}" if shadow_line(lc) else "") + "</p>"
+                         + _table(["cycle", "event", "policy", "from", "reason"],
+                                  [[_h(c) for c in row] for row in timeline_rows(lc)], numeric_from=0, numeric_to=1))
         ac = n.get("actions")
         if ac:
             sa = ac.get("safe_action") or {}

@@ -89,7 +89,7 @@ def histogram(series: dict, title: str) -> bytes | None:
     return _png(fig)
 
 
-def timeline(arrays: dict, title: str, budget_ns=None, period_ns=None) -> bytes | None:
+def timeline(arrays: dict, title: str, budget_ns=None, period_ns=None, transitions=None) -> bytes | None:
     y = arrays["wake_latency_ns"]
     if y.size == 0:
         return None
@@ -110,6 +110,16 @@ def timeline(arrays: dict, title: str, budget_ns=None, period_ns=None) -> bytes 
         ax.plot(x[miss], _us(hi[miss]), "x", ms=7, mew=1.5, color="red", label=f"deadline miss ({int(miss.sum())} buckets)")
     if budget_ns:
         ax.axhline(budget_ns / 1e3, color="green", ls="--", lw=1, label=f"p99 budget {budget_ns / 1e3:g} us")
+    # policy switches (summary.json lifecycle): a dashed line at each, the rollbacks in red
+    sw = [e for e in transitions or [] if e.get("event") in ("activate", "canary", "rollback", "auto_rollback",
+                                                              "promote") and e.get("reason") != "start-up policy"
+          and cyc.size and cyc[0] <= e.get("cycle", -1) <= cyc[-1]]
+    if sw:
+        for kind, color in (("switch", "purple"), ("rollback", "red")):
+            xs = [e["cycle"] for e in sw if ("rollback" in e["event"]) == (kind == "rollback")]
+            if xs:
+                ax.vlines(xs, 0, 1, transform=ax.get_xaxis_transform(), color=color, ls=":", lw=0.8,
+                          label=f"policy {kind} ({len(xs)})")
     ax.set_yscale("symlog", linthresh=10)
     ax.set_ylim(bottom=min(0.0, float(lo.min()) / 1e3), top=float(hi.max()) / 1e3 * 2 + 10)
     ax.set_xlabel("cycle")
@@ -307,7 +317,8 @@ def run_plots(run: Run) -> dict:
         out["histogram"] = histogram({"wake_latency_ns": a["wake_latency_ns"], "cycle_time_ns": a["cycle_time_ns"]},
                                      f"{label}: latency histogram{note}")
         budget = (node.summary.get("budget") or {}).get("wake_latency_p99_ns")
-        out["timeline"] = timeline(a, f"{label}: wake-up latency per cycle{note}", budget)
+        out["timeline"] = timeline(a, f"{label}: wake-up latency per cycle{note}", budget,
+                                   transitions=(node.summary.get("lifecycle") or {}).get("transitions"))
     if node is not None and node.actions is not None:
         names = (node.summary.get("policy") or {}).get("action_names")
         n_kept = node.actions["cycle"].size

@@ -182,6 +182,8 @@ def run_summary(run: Run) -> dict:
             # loop rate vs policy rate, and an inference tick's cost against a hold tick's (None: older runs)
             "policy_rate": s.get("policy_rate"), "history": (s.get("policy") or {}).get("history"),
             "phase_lock": s.get("phase_lock"),
+            # policies switched, shadowed, rolled back while the loop ran (None: older runs)
+            "lifecycle": s.get("lifecycle"),
         }
     if run.sim is not None:
         s = run.sim.summary
@@ -261,3 +263,33 @@ def us_num(ns) -> str:
     if a >= 1:
         return f"{us:.2f}"
     return f"{us:.3f}"
+
+
+def lifecycle_changed(lc: dict | None) -> bool:
+    """True when the run did more than start its one policy (a load, switch, shadow, refusal...)."""
+    return bool(lc) and any(e.get("reason") != "start-up policy" for e in lc.get("transitions") or [])
+
+
+def timeline_rows(lc: dict | None) -> list[list[str]]:
+    """The policy timeline: [cycle, event, policy, from, reason] per transition of summary.json
+    ``lifecycle`` (the start-up load and activation included)."""
+    return [[str(e.get("cycle")), str(e.get("event")), str(e.get("policy") or "-"), str(e.get("from") or "-"),
+             str(e.get("reason") or "")] for e in (lc or {}).get("transitions") or []]
+
+
+def shadow_line(lc: dict | None) -> str:
+    """``shadow: 300 ticks, 41 disagree (13.7%), 0 non-finite; cost p50 1.4 us p99 2.9 us; distance p50 ...``
+    from summary.json ``lifecycle.shadow_figures``; "" when no shadow ran."""
+    sf = (lc or {}).get("shadow_figures") or {}
+    if not sf.get("ticks"):
+        return ""
+    ring = (sf.get("cost_ns") or {}).get("ring") or {}
+    d = sf.get("distance")
+    rate = sf.get("disagree_rate")
+    return (f"shadow{' ' + sf['policy'] if sf.get('policy') else ''}: {sf['ticks']} policy ticks, {sf['disagree']} "
+            f"disagree ({'-' if rate is None else f'{rate:.1%}'}), {sf.get('non_finite')} non-finite; added time "
+            f"after the publish p50 {fmt_us(ring.get('p50'))} p99 {fmt_us(ring.get('p99'))} max "
+            f"{fmt_us((sf.get('cost_ns') or {}).get('max'))}"
+            + (f"; distance p50 {d['p50']:.3g} p99 {d['p99']:.3g} max {d['max']:.3g}"
+               + (f" (threshold {sf['distance_threshold']:g})" if sf.get("distance_threshold") is not None else "")
+               if d else ""))

@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 from control_node.report.load import PCT_LABELS, STAT_KEYS, METRIC_TITLES, EXTRA_COUNTERS
-from control_node.report.stats import all_stats, comparison, fmt_num, fmt_us, phase_lock_line, policy_rate_line, us_num
+from control_node.report.stats import (all_stats, comparison, fmt_num, fmt_us, lifecycle_changed, phase_lock_line,
+                                       policy_rate_line, shadow_line, timeline_rows, us_num)
 
 
 def _cell(ns):
@@ -47,6 +48,16 @@ def print_terminal(summaries: list[dict], console=None) -> None:
             t.add_row("rejected frames", str(n.get("rejected_total")),
                       ", ".join(f"{k} {v}" for k, v in sorted(rej.items()) if v))
             console.print(t)
+            lc = n.get("lifecycle")
+            if lifecycle_changed(lc):
+                t = Table(title=f"policy timeline (active at the end: {lc.get('active')})")
+                for c in ("cycle", "event", "policy", "from", "reason"):
+                    t.add_column(c, justify="right" if c == "cycle" else "left")
+                for row in timeline_rows(lc):
+                    t.add_row(*row)
+                console.print(t)
+                if shadow_line(lc):
+                    console.print(shadow_line(lc))
             ac = n.get("actions")
             if ac:
                 console.print(actions_line(ac))
