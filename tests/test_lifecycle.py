@@ -415,3 +415,48 @@ def test_record_and_replay_follow_a_switch(tmp_path, iris_model_path):
             assert ("activate", "other") not in events
             first_bad = min(m["seq"] for m in s["verify"]["mismatched"])
             assert first_bad > switches[1][0]          # the frames before the switch still match
+
+
+def test_activation_resets_recurrent_state_and_a_canary_rollback_keeps_the_shadowed_one(tmp_path):
+    """R (an LSTM) runs, B takes over, rollback to R: R answers as a fresh policy from zero state (its old
+    state is gone). During a canary, R runs in shadow on every frame, so a rollback hands back a state that
+    went on: the answers equal R carried through every frame since its activation."""
+    from test_recurrent import rnn_spec
+    spec = rnn_spec("lstm", 6, 32, [16, 3], dtype="float64", seed=3)
+    r_path, b_path = tmp_path / "r.npz", tmp_path / "b.npz"
+    save_model(spec, r_path)
+    save_model(rnn_spec("lstm", 6, 32, [16, 3], dtype="float64", seed=4), b_path)
+    rules = "[rollout]\nwindow_ticks = 100000\nmax_disagree = 1.0\ncanary_s = 1000.0\n"
+    node, cfg = start_node(tmp_path, r_path, extra=CALM + rules)
+    robot = Robot(node.endpoints)
+    X = np.random.default_rng(0).normal(0, 1.5, (90, 6)) * spec.scale + spec.mean
+
+    def answers(rows):
+        out = []
+        for x in rows:
+            seq = robot.send(x)
+            a = robot.wait_answer(seq, timeout=5.0)
+            assert a is not None and not a["safe"], a
+            out.append(a["u"])
+        return np.array(out)
+    try:
+        robot.connect(X[0])
+        answers(X[:20])
+        assert policy_cli(cfg, "load", "b", str(b_path))[0] == 0
+        assert policy_cli(cfg, "activate", "b")[0] == 0
+        got_b = answers(X[20:40])
+        assert policy_cli(cfg, "rollback")[0] == 0
+        got_r = answers(X[40:60])
+        assert policy_cli(cfg, "activate", "b", "--canary")[0] == 0      # R goes on in shadow
+        answers(X[60:75])
+        assert policy_cli(cfg, "rollback")[0] == 0
+        got_r2 = answers(X[75:90])
+    finally:
+        robot.close()
+        rc, out, err, run_dir = node.stop()
+    assert rc == 0, err
+    assert np.array_equal(got_b, Policy.load(b_path).act_batch(X[20:40]))        # b from zero
+    fresh = Policy.load(r_path)
+    assert np.array_equal(got_r, fresh.act_batch(X[40:60]))                     # reset on activation
+    assert np.array_equal(got_r2, fresh.act_batch(X[60:90])[15:])                # carried in shadow
+    assert not np.allclose(got_r, Policy.load(r_path).act_batch(X[:60])[40:])    # the check can fail
