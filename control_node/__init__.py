@@ -15,6 +15,8 @@ the bottom up; a module imports only its own tier and those below (tests/test_ar
 ``config.py``             the node config: TOML in, validated dict out (errors name the field and fix).
 ``security.py``           CURVE keys and the allow-list.
 ``sockets.py``            the node's bound ZeroMQ sockets.
+``lifecycle.py``          policies loaded, switched, shadowed and rolled back while the loop runs: the
+                          control endpoint's thread, resident policies, the transition log.
 ``node.py``               the node process: load, bind, set up real time, run the loop, write the run.
 ``report/``               ``control-node report``: load, statistics, .hgrm, terminal, HTML, plots.
 ``recording/``            record and replay: one MCAP format, its writer and its reader.
