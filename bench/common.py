@@ -216,6 +216,15 @@ def markdown_table(columns, rows) -> str:
     return "\n".join(lines)
 
 
+def save_raw(name: str, raw: dict) -> str:
+    """Write a benchmark's raw arrays to bench/results/raw/NAME-<stamp>.npz; returns the path."""
+    os.makedirs(os.path.join("bench", "results", "raw"), exist_ok=True)
+    path = os.path.join("bench", "results", "raw", f"{name}-{time.strftime('%Y%m%d-%H%M%S')}.npz")
+    np.savez_compressed(path, **raw)
+    print(f"raw data: {path}")
+    return path
+
+
 def write_json(path, payload):
     def default(o):
         if isinstance(o, np.generic):

@@ -22,7 +22,7 @@ import time
 
 import numpy as np
 
-from control_node.bench.common import machine_info, machine_lines
+from control_node.bench.common import machine_info, machine_lines, save_raw
 
 from control_node.bench.harness import CHILD_CWD, NodeProcess, write_node_config
 PCTS = (50, 99, 99.9)
@@ -264,11 +264,7 @@ def main(argv=None) -> int:
     print("\ntargets:")
     for name, ok, detail in verdicts(p1, p2):
         print(f"  [{'met' if ok else 'NOT met'}] {name}: {detail}")
-    os.makedirs(os.path.join("bench", "results", "raw"), exist_ok=True)
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    raw_path = os.path.join("bench", "results", "raw", f"loop-{stamp}.npz")
-    np.savez_compressed(raw_path, **raw)
-    print(f"raw data: {raw_path}")
+    raw_path = save_raw("loop", raw)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"machine": info, "settings": vars(args), "core": cpu, "wake": p1, "rtt": p2,

@@ -28,7 +28,7 @@ import time
 
 import numpy as np
 
-from control_node.bench.common import machine_info, machine_lines, write_json
+from control_node.bench.common import machine_info, machine_lines, save_raw, write_json
 from control_node.bench.harness import CHILD_CWD, NodeProcess, write_node_config
 
 SHADOW_SHAPES = {
@@ -260,11 +260,7 @@ def main(argv=None) -> int:
                   f"{wo['cycle_time_infer_us']['p99']:.1f} -> {w['cycle_time_infer_us']['p50']:.1f} / "
                   f"{w['cycle_time_infer_us']['p99']:.1f}; cycle + shadow p50 {w['cycle_plus_shadow_us']['p50']:.1f} "
                   f"p99 {w['cycle_plus_shadow_us']['p99']:.1f}")
-    os.makedirs(os.path.join("bench", "results", "raw"), exist_ok=True)
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    raw_path = os.path.join("bench", "results", "raw", f"switch-{stamp}.npz")
-    np.savez_compressed(raw_path, **raw)
-    print(f"raw data: {raw_path}")
+    raw_path = save_raw("switch", raw)
     if args.json:
         write_json(args.json, {"machine": info, "settings": vars(args), "switching": p1, "shadow": p2,
                                "raw": raw_path})

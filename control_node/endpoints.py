@@ -48,25 +48,25 @@ def ensure_ipc_dir(ep: str) -> None:
         os.makedirs(os.path.dirname(p) or ".", mode=0o700, exist_ok=True)
 
 
-def derive_tap(sensor_ep: str) -> str:
-    """Default sensor-tap endpoint: ``<sensor ipc path>_tap``, or the sensor's TCP port + 100."""
+def _beside_sensor(sensor_ep: str, suffix: str, port_offset: int, fix: str) -> str:
+    """``<sensor ipc path><suffix>``, or the sensor's TCP port + ``port_offset``."""
     if sensor_ep.startswith("ipc://"):
-        return sensor_ep + "_tap"
+        return sensor_ep + suffix
     m = re.match(r"^(tcp://[^:]+):(\d+)$", sensor_ep)
     if m:
-        return f"{m.group(1)}:{int(m.group(2)) + 100}"
-    raise ValueError(f"cannot derive a tap endpoint from {sensor_ep!r}; give --tap ENDPOINT")
+        return f"{m.group(1)}:{int(m.group(2)) + port_offset}"
+    raise ValueError(f"cannot derive an endpoint beside {sensor_ep!r}; {fix}")
+
+
+def derive_tap(sensor_ep: str) -> str:
+    """Default sensor-tap endpoint: ``<sensor ipc path>_tap``, or the sensor's TCP port + 100."""
+    return _beside_sensor(sensor_ep, "_tap", 100, "give --tap ENDPOINT")
 
 
 def derive_control(sensor_ep: str) -> str:
     """Default control endpoint (the node's REP socket for ``control-node policy``): ``<sensor ipc
     path>_control``, or the sensor's TCP port + 200."""
-    if sensor_ep.startswith("ipc://"):
-        return sensor_ep + "_control"
-    m = re.match(r"^(tcp://[^:]+):(\d+)$", sensor_ep)
-    if m:
-        return f"{m.group(1)}:{int(m.group(2)) + 200}"
-    raise ValueError(f"cannot derive a control endpoint from {sensor_ep!r}; set [endpoints] control")
+    return _beside_sensor(sensor_ep, "_control", 200, "set [endpoints] control")
 
 
 def tcp_host(endpoint: str) -> str | None:

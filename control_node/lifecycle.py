@@ -399,12 +399,9 @@ class ControlThread(threading.Thread):
 
     def run(self):
         import zmq
-        others = set(os.sched_getaffinity(0)) - ({self.loop_cpu} if self.loop_cpu is not None else set())
-        if others:
-            try:
-                os.sched_setaffinity(0, others)
-            except OSError:
-                pass
+
+        from control_node.loop.realtime import leave_core
+        leave_core(self.loop_cpu)
         poller = zmq.Poller()
         poller.register(self.sock, zmq.POLLIN)
         while not self.finished.is_set():

@@ -25,7 +25,7 @@ import numpy as np
 
 from control_node import rundir
 from control_node.errors import UserError
-from control_node.loop.realtime import rt_summary_line, setup_realtime
+from control_node.loop.realtime import leave_core, rt_summary_line, setup_realtime
 
 STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
 
@@ -82,12 +82,7 @@ class Diagnostics(threading.Thread):
         return out
 
     def run(self):
-        others = set(os.sched_getaffinity(0)) - ({self.loop_cpu} if self.loop_cpu is not None else set())
-        if others:
-            try:
-                os.sched_setaffinity(0, others)
-            except OSError:
-                pass
+        leave_core(self.loop_cpu)
         self._last = {"cycles": 0, "t": time.monotonic(), "misses": 0, "log": 0.0, "error_log": 0.0}
         while not self.finished.is_set():
             readable, _, _ = select.select([self.signal_fd], [], [], self.interval)

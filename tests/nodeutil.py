@@ -215,3 +215,29 @@ def assert_answered_or_superseded(sim_summary, node_summary, share=0.95):
     superseded = node_summary["superseded"]
     assert answered + superseded >= share * sent, (
         f"{sent - answered} of {sent} frames unanswered, only {superseded} superseded by the node's count")
+
+
+class FedSockets:
+    """In-process loop sockets: a SUB bound at ``tmp_path/s`` fed by ``feeder`` (a Python script run with
+    the endpoint and ``seconds``), and a PUB bound at ``tmp_path/a``. A context manager; waits until the
+    feeder's frames arrive."""
+
+    def __init__(self, tmp_path, feeder: str, seconds: float = 60):
+        self.ctx = zmq.Context()
+        self.sub, self.pub = self.ctx.socket(zmq.SUB), self.ctx.socket(zmq.PUB)
+        self.sub.setsockopt(zmq.SUBSCRIBE, b"")
+        self.sub.bind(f"ipc://{tmp_path}/s")
+        self.pub.bind(f"ipc://{tmp_path}/a")
+        self.feeder = subprocess.Popen([sys.executable, "-c", feeder, f"ipc://{tmp_path}/s", str(seconds)])
+
+    def __enter__(self):
+        assert self.sub.poll(10000), "feeder never connected"
+        return self
+
+    def __exit__(self, *exc):
+        self.feeder.kill()
+        self.feeder.wait()
+        self.sub.close(0)
+        self.pub.close(0)
+        self.ctx.term()
+        return False

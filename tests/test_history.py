@@ -129,24 +129,14 @@ def _run(loop):
 def test_history_and_decimation_allocate_nothing(tmp_path, continuous_f64_model_path):
     """Decimation 7 and a history of 2 frames of 3 (the 6-input policy): 50k cycles under tracemalloc."""
     import gc
-    import subprocess
-    import sys
     import tracemalloc
 
-    import zmq
-
+    from nodeutil import FedSockets
     from control_node.loop._rtloop import RtLoop
     from control_node.loop.libzmq import libzmq_functions
     policy = Policy.load(continuous_f64_model_path)
-    ctx = zmq.Context()
-    sub, pub = ctx.socket(zmq.SUB), ctx.socket(zmq.PUB)
-    sub.setsockopt(zmq.SUBSCRIBE, b"")
-    sub.bind(f"ipc://{tmp_path}/s")
-    pub.bind(f"ipc://{tmp_path}/a")
-    feeder = subprocess.Popen([sys.executable, "-c", FEEDER_3, f"ipc://{tmp_path}/s", "30"])
-    try:
-        assert sub.poll(10000), "feeder never connected"
-        loop = RtLoop(policy, sub.underlying, pub.underlying, libzmq_functions(), period_ns=20_000,
+    with FedSockets(tmp_path, FEEDER_3, 30) as socks:
+        loop = RtLoop(policy, socks.sub.underlying, socks.pub.underlying, libzmq_functions(), period_ns=20_000,
                       deadline_ns=20_000, stale_after_ns=10**9, spin_ns=6_000, max_cycles=50_000,
                       sensor_clock=False, catch_up_skip=True, safe_action=0, hold_last=False,
                       max_frame_bytes=4096, ring_cycles=1000, safe_u=[0.0] * 4, action_ring_cycles=700,
@@ -160,12 +150,6 @@ def test_history_and_decimation_allocate_nothing(tmp_path, continuous_f64_model_
         snap1 = tracemalloc.take_snapshot()
         tracemalloc.stop()
         gc.enable()
-    finally:
-        feeder.kill()
-        feeder.wait()
-        sub.close(0)
-        pub.close(0)
-        ctx.term()
     assert loop.cycles == 50_000
     assert loop.frames_valid > 1_000 and loop.rejected_counts()["feature_count"] == 0
     # one inference per block of 7 ticks at most; skipped ticks (a stall) are ticks of the grid too

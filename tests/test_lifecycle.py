@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from conftest import continuous_spec
-from nodeutil import ActionCollector, Robot, load_run, start_node
+from nodeutil import ActionCollector, FedSockets, Robot, load_run, start_node
 from control_node import rundir
 from control_node.bench.harness import run_cli
 from control_node.kernels import ModelSpec, Policy, save_model
@@ -292,23 +292,13 @@ def test_1000_switches_allocate_nothing_on_the_loop_thread(tmp_path, models):
     """1000 activations (and shadow / canary / rollback requests) posted from another thread while the loop
     runs under tracemalloc: every one taken, none allocating on the loop thread."""
     import gc
-    import subprocess
-    import sys
     import time
     import tracemalloc
-
-    import zmq
 
     from control_node.loop._rtloop import RtLoop
     from control_node.loop.libzmq import libzmq_functions
     from test_loop_core import FEEDER_6
     pa, pb = Policy.load(models["a"]), Policy.load(models["b"])
-    ctx = zmq.Context()
-    sub, pub = ctx.socket(zmq.SUB), ctx.socket(zmq.PUB)
-    sub.setsockopt(zmq.SUBSCRIBE, b"")
-    sub.bind(f"ipc://{tmp_path}/s")
-    pub.bind(f"ipc://{tmp_path}/a")
-    feeder = subprocess.Popen([sys.executable, "-c", FEEDER_6, f"ipc://{tmp_path}/s", "60"])
     codes = {name: i + 1 for i, name in enumerate(rundir.TRANSITIONS)}
     done = []
 
@@ -324,9 +314,8 @@ def test_1000_switches_allocate_nothing_on_the_loop_thread(tmp_path, models):
             done.append(kind)
         loop.request_stop()
 
-    try:
-        assert sub.poll(10000), "feeder never connected"
-        loop = RtLoop(pa, sub.underlying, pub.underlying, libzmq_functions(), period_ns=50_000,
+    with FedSockets(tmp_path, FEEDER_6) as socks:
+        loop = RtLoop(pa, socks.sub.underlying, socks.pub.underlying, libzmq_functions(), period_ns=50_000,
                       deadline_ns=50_000, stale_after_ns=10**9, spin_ns=10_000, max_cycles=0,
                       sensor_clock=False, catch_up_skip=True, safe_action=0, hold_last=False,
                       max_frame_bytes=4096, ring_cycles=1000, safe_u=[0.0] * 4, action_ring_cycles=500)
@@ -342,12 +331,6 @@ def test_1000_switches_allocate_nothing_on_the_loop_thread(tmp_path, models):
         tracemalloc.stop()
         gc.enable()
         t.join(timeout=10)
-    finally:
-        feeder.kill()
-        feeder.wait()
-        sub.close(0)
-        pub.close(0)
-        ctx.term()
     assert len(done) == 1000
     records, n = loop.transitions_since(0)
     kinds = [rundir.TRANSITIONS[r[1] - 1] for r in records]
@@ -421,7 +404,10 @@ def test_activation_resets_recurrent_state_and_a_canary_rollback_keeps_the_shado
     """R (an LSTM) runs, B takes over, rollback to R: R answers as a fresh policy from zero state (its old
     state is gone). During a canary, R runs in shadow on every frame, so a rollback hands back a state that
     went on: the answers equal R carried through every frame since its activation."""
+    from functools import partial
+
     from test_recurrent import rnn_spec
+    from test_recurrent_node import answers as recurrent_answers
     spec = rnn_spec("lstm", 6, 32, [16, 3], dtype="float64", seed=3)
     r_path, b_path = tmp_path / "r.npz", tmp_path / "b.npz"
     save_model(spec, r_path)
@@ -430,15 +416,7 @@ def test_activation_resets_recurrent_state_and_a_canary_rollback_keeps_the_shado
     node, cfg = start_node(tmp_path, r_path, extra=CALM + rules)
     robot = Robot(node.endpoints)
     X = np.random.default_rng(0).normal(0, 1.5, (90, 6)) * spec.scale + spec.mean
-
-    def answers(rows):
-        out = []
-        for x in rows:
-            seq = robot.send(x)
-            a = robot.wait_answer(seq, timeout=5.0)
-            assert a is not None and not a["safe"], a
-            out.append(a["u"])
-        return np.array(out)
+    answers = partial(recurrent_answers, robot)
     try:
         robot.connect(X[0])
         answers(X[:20])

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from control_node.loop._rtloop import RtLoop, decode_frame, encode_action
 from control_node.loop.libzmq import libzmq_functions
 from control_node.kernels import Policy
+from nodeutil import FedSockets
 
 FEEDER = r"""
 import sys, time, msgpack, zmq
@@ -35,16 +36,9 @@ def _run(loop):
 
 def test_hot_path_allocates_nothing_over_100k_cycles(tmp_path, iris_model_path):
     policy = Policy.load(iris_model_path)
-    ctx = zmq.Context()
-    sub, pub = ctx.socket(zmq.SUB), ctx.socket(zmq.PUB)
-    sub.setsockopt(zmq.SUBSCRIBE, b"")
-    sub.bind(f"ipc://{tmp_path}/s")
-    pub.bind(f"ipc://{tmp_path}/a")
-    feeder = subprocess.Popen([sys.executable, "-c", FEEDER, f"ipc://{tmp_path}/s", "30"])
-    try:
-        assert sub.poll(10000), "feeder never connected"
+    with FedSockets(tmp_path, FEEDER, 30) as socks:
         # 100k cycles at 20 kHz, a ring of 1000 that wraps 100 times
-        loop = RtLoop(policy, sub.underlying, pub.underlying, libzmq_functions(), period_ns=20_000,
+        loop = RtLoop(policy, socks.sub.underlying, socks.pub.underlying, libzmq_functions(), period_ns=20_000,
                       deadline_ns=20_000, stale_after_ns=10**9, spin_ns=20_000, max_cycles=100_000,
                       sensor_clock=False, catch_up_skip=True, safe_action=0, hold_last=False,
                       max_frame_bytes=4096, ring_cycles=1000)
@@ -56,12 +50,6 @@ def test_hot_path_allocates_nothing_over_100k_cycles(tmp_path, iris_model_path):
         snap1 = tracemalloc.take_snapshot()
         tracemalloc.stop()
         gc.enable()
-    finally:
-        feeder.kill()
-        feeder.wait()
-        sub.close(0)
-        pub.close(0)
-        ctx.term()
     assert loop.cycles == 100_000
     assert loop.frames_valid > 1_000             # the policy really ran on real frames
     run_line = _run.__code__.co_firstlineno + 1

@@ -52,6 +52,17 @@ def choose_cpu(spec):
     return int(spec)
 
 
+def leave_core(cpu) -> None:
+    """Move the calling thread onto every allowed core but ``cpu`` (the loop's; None: stay). For the
+    node's helper threads (diagnostics, lifecycle): start them before the loop pins itself."""
+    others = set(os.sched_getaffinity(0)) - ({cpu} if cpu is not None else set())
+    if others:
+        try:
+            os.sched_setaffinity(0, others)
+        except OSError:
+            pass
+
+
 def setup_realtime(rt_cfg: dict) -> RealtimeSession:
     s = RealtimeSession()
     r = s.report
