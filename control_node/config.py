@@ -88,6 +88,13 @@ SCHEMA = {
         "cycle_time_max_us": (0, _NUM, "microseconds >= 0 (0 = one period)"),
         "deadline_misses": (0, int, "a count >= 0"),
     },
+    # why cycles were late (control_node.diagnosis.attribution): evidence about the loop's core, collected
+    # beside the loop, matched to each miss and the worst wake-ups in summary.json "why_late"
+    "diagnostics": {
+        "attribution": (True, bool, "true or false"),
+        "attribution_trace": (True, bool, "true or false (false: /proc evidence only, no tracefs)"),
+        "attribution_events": (1000, int, "late cycles to explain, 1 to 100000"),
+    },
     "stats": {
         "ring_cycles": (600000, int, "cycles >= 1000"),
         "diagnostics_hz": (10.0, _NUM, "Hz, 0.1 to 100"),
@@ -222,6 +229,8 @@ def validate(cfg: dict, path="(config)") -> None:
         bad("rollout.cycle_time_budget_us", "use 0 (the deadline) or a positive number of microseconds")
     if ro["max_over_budget"] < 0:
         bad("rollout.max_over_budget", "use 0 or more policy ticks")
+    if not 1 <= cfg["diagnostics"]["attribution_events"] <= 100000:
+        bad("diagnostics.attribution_events", "use 1 to 100000 late cycles")
     if lp["duration_s"] < 0:
         bad("loop.duration_s", "use 0 (until a signal) or a positive number of seconds")
     if not wd["stale_after_ms"] > 0:

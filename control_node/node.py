@@ -230,6 +230,7 @@ class Node:
         old_handlers = {s: signal.signal(s, lambda *_: None) for s in STOP_SIGNALS}
         sockets = None
         rt_session = None
+        recorder = None
         try:
             sockets = NodeSockets(cfg["endpoints"], lim["max_frame_bytes"], lim["send_hwm"],
                                   security=cfg.get("security"))
@@ -255,6 +256,10 @@ class Node:
             control = ControlThread(lifecycle, sockets.control, loop_cpu)
             diag.start()                              # before pinning: they keep the full CPU mask
             control.start()
+            dg = cfg["diagnostics"]
+            if dg["attribution"] and loop_cpu is not None:
+                from control_node.diagnosis.attribution import Recorder
+                recorder = Recorder(loop_cpu, os.getpid(), tracing=dg["attribution_trace"]).start()
             started_at = time.strftime("%Y-%m-%dT%H:%M:%S%z")
             ru0 = resource.getrusage(resource.RUSAGE_THREAD)
             rt_session = setup_realtime(cfg["realtime"])
@@ -274,6 +279,8 @@ class Node:
             finally:
                 lifecycle.running = False
             ru1 = resource.getrusage(resource.RUSAGE_THREAD)
+            if recorder is not None:
+                recorder.stop()
             rt_session.restore()
             rt_session = None
             diag.finished.set()
@@ -281,6 +288,8 @@ class Node:
             diag.join(timeout=2)
             control.join(timeout=3)
         finally:
+            if recorder is not None and not recorder.stopped:
+                recorder.stop()                       # never leave a tracefs instance behind
             if rt_session is not None:
                 rt_session.restore()
             if sockets is not None:
@@ -291,10 +300,21 @@ class Node:
             os.close(sig_r)
             os.close(sig_w)
         return self._write_run_dir(policy, loop, rt_ref.get("rt", {}), started_at, period_ns, ru0, ru1,
-                                   diag.signal_received, rundir.HIST_NAMES, info, spin_us, lifecycle)
+                                   diag.signal_received, rundir.HIST_NAMES, info, spin_us, lifecycle, recorder)
+
+    def _why_late(self, recorder, arrays, period_ns, loop, spin_us, rt_report):
+        from control_node.diagnosis.attribution import attribute
+        dg = self.cfg["diagnostics"]
+        if not dg["attribution"]:
+            return {"enabled": False, "detail": "off ([diagnostics] attribution = false)"}
+        if recorder is None:
+            return {"enabled": False, "detail": "the loop was not pinned to one core ([realtime] cpu = \"none\" or "
+                                                "pinning refused): there is no core to watch"}
+        return attribute(recorder, arrays, period_ns, int(loop.deadline_ns), int(spin_us * 1000),
+                         max_events=int(dg["attribution_events"]))
 
     def _write_run_dir(self, policy, loop, rt_report, started_at, period_ns, ru0, ru1, stop_signal, hist_names,
-                       info, spin_us, lifecycle):
+                       info, spin_us, lifecycle, recorder):
         import psutil
 
         from control_node.diagnosis import machine_facts
@@ -360,6 +380,8 @@ class Node:
             "safe_action": info["safe_action"],
             # policies loaded, switched, shadowed and rolled back while the loop ran (control_node.lifecycle)
             "lifecycle": lifecycle.summary(arrays),
+            # why cycles were late: each miss and the worst wake-ups matched to evidence about the loop's core
+            "why_late": self._why_late(recorder, arrays, period_ns, loop, spin_us, rt_report),
             "config": copy.deepcopy(cfg),
             "host": host_info(),
             # what `control-node doctor` checks, read cheaply (no probes, no sampling) for the loop's core

@@ -1,0 +1,539 @@
+"""Why was it late: evidence about the loop's core, collected beside the loop, matched to its late cycles.
+
+While the node runs, :class:`Recorder` (two threads of the node, kept off the loop's core; neither
+touches the loop thread) collects, for the loop's core only:
+
+- **what ran and what interrupted it**, from the kernel's tracepoints in a private tracefs instance
+  (``instances/control-node-PID``; tracefs is mounted by us if it is not, and unmounted after):
+  ``sched_switch`` (which task held the core), ``irq_handler_entry/exit`` (device interrupts by name),
+  ``softirq_entry/exit``, the x86 vectors (local timer, reschedule and function-call IPIs) and the loop
+  thread's own page faults. Timestamps use the ``mono`` trace clock: CLOCK_MONOTONIC, as the loop's ring.
+- **hypervisor steal** of the core, sampled from ``/proc/stat`` every 5 ms (its unit is 10 ms).
+- **interrupt and softirq counts** by source on the core (``/proc/interrupts``, ``/proc/softirqs``) at
+  the start and the end of the run.
+
+After the run, :func:`attribute` takes each deadline miss and each of the worst wake-ups from the ring,
+sums what the evidence shows inside its window (the time the loop should have been waking and working),
+and names a cause: ``task NAME`` (another thread held the core), ``irq NAME`` / ``softirq NAME`` /
+``vector NAME``, ``page fault``, ``own cycle work``, ``hypervisor`` (nothing ran on the core, yet time
+passed, and the core's steal time grew), or ``unknown`` (nothing seen, and no steal either: said, never
+guessed). Evidence that could not be had (no root for tracefs, no /proc/stat line) is listed as such.
+"""
+from __future__ import annotations
+
+import errno
+import os
+import re
+import threading
+import time
+from collections import deque
+
+import numpy as np
+
+TRACEFS = "/sys/kernel/tracing"
+EVENTS = ("sched/sched_switch", "sched/sched_wakeup", "irq/irq_handler_entry", "irq/irq_handler_exit", "irq/softirq_entry",
+          "irq/softirq_exit", "irq_vectors/local_timer_entry", "irq_vectors/local_timer_exit",
+          "irq_vectors/reschedule_entry", "irq_vectors/reschedule_exit", "irq_vectors/call_function_entry",
+          "irq_vectors/call_function_exit", "irq_vectors/call_function_single_entry",
+          "irq_vectors/call_function_single_exit", "exceptions/page_fault_user",
+          "exceptions/page_fault_kernel")
+MAX_INTERVALS = 2_000_000        # evidence kept (the newest); about 50 bytes each
+STEAL_PERIOD_S = 0.005
+USER_HZ = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+KINDS = ("task", "irq", "softirq", "vector", "page fault")
+
+_LINE = re.compile(r"^\s*(?P<comm>.+?)-(?P<pid>\d+)\s+\[(?P<cpu>\d+)\]\s+\S+\s+(?P<ts>\d+\.\d+): "
+                   r"(?P<event>\w+): (?P<body>.*)$")
+_SWITCH = re.compile(r"prev_comm=(?P<pc>.*?) prev_pid=(?P<pp>-?\d+) .*?==> next_comm=(?P<nc>.*?) "
+                     r"next_pid=(?P<np>-?\d+)")
+_WAKEUP = re.compile(r"comm=.*? pid=(?P<pid>\d+) ")
+_IRQ = re.compile(r"irq=(?P<irq>\d+)(?: name=(?P<name>\S+))?")
+_SOFTIRQ = re.compile(r"vec=(?P<vec>\d+) \[action=(?P<name>\w+)\]")
+
+
+class TraceParser:
+    """Turns ``trace_pipe`` lines of one CPU into intervals of foreign activity on it: ``(kind, name,
+    t0_ns, t1_ns)`` with kind one of :data:`KINDS`. ``loop_tid``: the loop thread, whose own running (and
+    the idle task's) is not foreign; its page faults are points (t0 == t1).
+
+    Who holds the core comes from ``sched_switch`` and, because some kernels (this machine's among them)
+    record no ``sched_switch`` out of the idle task, from the task named in each event's header: a task
+    seen there that no switch announced started at its ``sched_wakeup`` on this core if one was seen since
+    the last event, else at its first event (then its time is a lower bound)."""
+
+    def __init__(self, loop_tid: int, sink):
+        self.loop_tid, self.sink = loop_tid, sink
+        self.running = None            # (comm, pid, since_ns) of the task on the core, when known
+        self.open = {}                 # (kind, key) -> (name, t0_ns) of an interrupt being handled
+        self.woken = {}                # pid -> t_ns of its last sched_wakeup seen on this core
+        self.last_t = None
+        self.lines = self.unparsed = self.inferred_switches = 0
+
+    def _switch(self, comm, pid, start, end):
+        if self.running is not None:
+            pcomm, ppid, since = self.running
+            if ppid not in (0, self.loop_tid):
+                self.sink(("task", pcomm, since, max(since, end)))
+        self.running = (comm, pid, start)
+        self.woken.pop(pid, None)
+
+    def feed(self, line: str) -> None:
+        self.lines += 1
+        m = _LINE.match(line)
+        if m is None:
+            self.unparsed += 1
+            return
+        sec, _, frac = m.group("ts").partition(".")
+        t = int(sec) * 1_000_000_000 + int(frac.ljust(9, "0")[:9])
+        ev, body = m.group("event"), m.group("body")
+        pid = int(m.group("pid"))
+        if self.running is None or self.running[1] != pid:
+            # a switch the trace did not record: the header's task holds the core now
+            self.inferred_switches += self.running is not None
+            woke = self.woken.get(pid)
+            start = woke if (woke is not None and (self.last_t is None or woke >= self.last_t - 1)) else t
+            self._switch(m.group("comm"), pid, start, self.last_t if self.last_t is not None else t)
+        self.last_t = t
+        if ev == "sched_switch":
+            s = _SWITCH.search(body)
+            if s is None:
+                self.unparsed += 1
+                return
+            self._switch(s.group("nc"), int(s.group("np")), t, t)
+        elif ev in ("sched_wakeup", "sched_waking"):
+            s = _WAKEUP.search(body)
+            if s is None:
+                self.unparsed += 1
+                return
+            self.woken[int(s.group("pid"))] = t
+        elif ev in ("irq_handler_entry", "irq_handler_exit"):
+            s = _IRQ.search(body)
+            if s is None:
+                self.unparsed += 1
+                return
+            self._pair("irq", s.group("irq"), s.group("name"), ev.endswith("entry"), t)
+        elif ev in ("softirq_entry", "softirq_exit"):
+            s = _SOFTIRQ.search(body)
+            if s is None:
+                self.unparsed += 1
+                return
+            self._pair("softirq", s.group("vec"), s.group("name"), ev.endswith("entry"), t)
+        elif ev.endswith("_entry") or ev.endswith("_exit"):        # x86 vectors: local_timer, reschedule, ...
+            name = ev.rsplit("_", 1)[0]
+            self._pair("vector", name, name, ev.endswith("entry"), t)
+        elif ev.startswith("page_fault"):
+            if pid == self.loop_tid:
+                self.sink(("page fault", ev.removeprefix("page_fault_"), t, t))
+
+    def _pair(self, kind, key, name, entry, t):
+        if entry:
+            self.open[(kind, key)] = (name, t)
+            return
+        began = self.open.pop((kind, key), None)
+        if began is not None:
+            self.sink((kind, began[0], began[1], t))
+
+
+def _cpu_line(cpu: int):
+    """The ``cpuN`` fields of /proc/stat (USER_HZ ticks), or None."""
+    try:
+        with open("/proc/stat") as f:
+            for line in f:
+                if line.startswith(f"cpu{cpu} "):
+                    return [int(v) for v in line.split()[1:]]
+    except OSError:
+        return None
+    return None
+
+
+def _per_cpu_counts(path: str, cpu: int) -> dict | None:
+    """{source: count on ``cpu``} from /proc/interrupts or /proc/softirqs, or None."""
+    try:
+        with open(path) as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    cpus = lines[0].split()
+    if f"CPU{cpu}" not in cpus:
+        return None
+    col = cpus.index(f"CPU{cpu}")
+    out = {}
+    for line in lines[1:]:
+        parts = line.split()
+        if len(parts) < 2 or not parts[0].endswith(":"):
+            continue
+        key = parts[0][:-1]
+        try:
+            count = int(parts[1 + col])
+        except (IndexError, ValueError):
+            continue
+        desc = " ".join(parts[1 + len(cpus):]) if key.isdigit() else ""
+        out[f"{key} {desc}".strip() if desc else key] = count
+    return out
+
+
+class Recorder:
+    """Collects the evidence for core ``cpu`` while the loop runs (``start`` before it, ``stop`` after).
+    ``loop_tid``: the loop thread. ``avoid_cpu``: the core the recorder's threads keep off (the loop's)."""
+
+    def __init__(self, cpu: int, loop_tid: int, tracing: bool = True):
+        self.cpu, self.loop_tid, self.tracing = cpu, loop_tid, tracing
+        self.intervals = deque(maxlen=MAX_INTERVALS)
+        self.dropped = 0
+        self.evidence = {}
+        self.steal = []                 # (t_mono_ns, steal ticks, irq ticks, softirq ticks)
+        self._stop = threading.Event()
+        self._threads = []
+        self._instance = None
+        self._mounted = False
+        self.parser = TraceParser(loop_tid, self._sink)
+        self.counts0 = {}
+        self.stopped = False
+
+    def _sink(self, item):
+        if len(self.intervals) == self.intervals.maxlen:
+            self.dropped += 1
+        self.intervals.append(item)
+
+    # ---- tracefs -------------------------------------------------------------------------------
+    def _write(self, rel, value):
+        with open(os.path.join(self._instance, rel), "w") as f:
+            f.write(value)
+
+    def _start_trace(self):
+        ev = self.evidence
+        if not self.tracing:
+            ev["trace"] = {"granted": False, "detail": "off ([diagnostics] attribution_trace = false)"}
+            return
+        if not os.path.isdir(os.path.join(TRACEFS, "instances")):
+            try:
+                os.makedirs(TRACEFS, exist_ok=True)
+                rc = os.system(f"mount -t tracefs nodev {TRACEFS} >/dev/null 2>&1")
+                if rc != 0 or not os.path.isdir(os.path.join(TRACEFS, "instances")):
+                    raise OSError(errno.EPERM, "mount -t tracefs refused (needs root or CAP_SYS_ADMIN)")
+                self._mounted = True
+            except OSError as e:
+                ev["trace"] = {"granted": False, "detail": f"tracefs is not mounted at {TRACEFS} and could not be: "
+                                                           f"{e.strerror or e}"}
+                return
+        _remove_stale_instances()
+        inst = os.path.join(TRACEFS, "instances", f"control-node-{os.getpid()}")
+        try:
+            os.mkdir(inst)
+        except FileExistsError:
+            pass
+        except OSError as e:
+            ev["trace"] = {"granted": False, "detail": f"cannot create a tracefs instance: {e.strerror or e}"}
+            self._unmount()
+            return
+        self._instance = inst
+        enabled, missing = [], []
+        try:
+            self._write("tracing_on", "0")
+            self._write("trace_clock", "mono")
+            self._write("buffer_size_kb", "4096")
+            self._write("tracing_cpumask", f"{1 << self.cpu:x}")
+            for name in EVENTS:
+                path = os.path.join(inst, "events", name)
+                if not os.path.isdir(path):
+                    missing.append(name)
+                    continue
+                if name.startswith("exceptions/"):
+                    self._write(f"events/{name}/filter", f"common_pid == {self.loop_tid}")
+                self._write(f"events/{name}/enable", "1")
+                enabled.append(name)
+            self._write("tracing_on", "1")
+        except OSError as e:
+            ev["trace"] = {"granted": False, "detail": f"tracefs instance set-up failed: {e.strerror or e}"}
+            self._remove_instance()
+            return
+        ev["trace"] = {"granted": True, "detail": f"tracefs instance {inst} (trace clock mono, core {self.cpu})",
+                       "mounted_by_node": self._mounted, "events": enabled, "events_missing": missing}
+        t = threading.Thread(target=self._read_trace, name="why-late-trace", daemon=True)
+        self._threads.append(t)
+        t.start()
+
+    def _read_trace(self):
+        self._leave_core()
+        path = os.path.join(self._instance, "per_cpu", f"cpu{self.cpu}", "trace_pipe")
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        except OSError as e:
+            self.evidence["trace"].update(granted=False, detail=f"cannot read {path}: {e.strerror or e}")
+            return
+        buf = ""
+        try:
+            while True:
+                stopping = self._stop.is_set()      # read once more after it is set: the trace is drained
+                try:
+                    chunk = os.read(fd, 1 << 16)
+                except BlockingIOError:
+                    chunk = b""
+                if chunk:
+                    buf += chunk.decode("utf-8", "replace")
+                    *lines, buf = buf.split("\n")
+                    for line in lines:
+                        self.parser.feed(line)
+                    continue
+                if stopping:
+                    break
+                self._stop.wait(0.02)            # poll(): trace_pipe wakes readers only at buffer_percent
+        finally:
+            os.close(fd)
+
+    def _remove_instance(self):
+        if self._instance:
+            try:
+                self._write("tracing_on", "0")
+                for name in EVENTS:
+                    p = os.path.join(self._instance, "events", name, "enable")
+                    if os.path.exists(p):
+                        self._write(f"events/{name}/enable", "0")
+            except OSError:
+                pass
+            for _ in range(50):
+                try:
+                    os.rmdir(self._instance)
+                    break
+                except OSError:
+                    time.sleep(0.02)         # a reader still holds a file of it
+            self._instance = None
+        self._unmount()
+
+    def _unmount(self):
+        if self._mounted:
+            rc = os.system(f"umount {TRACEFS} >/dev/null 2>&1")
+            self.evidence.setdefault("trace", {})["unmounted"] = rc == 0
+            self._mounted = False
+
+    # ---- /proc ---------------------------------------------------------------------------------
+    def _leave_core(self):
+        from control_node.loop.realtime import leave_core
+        leave_core(self.cpu)
+
+    def _sample_steal(self):
+        self._leave_core()
+        while not self._stop.is_set():
+            f = _cpu_line(self.cpu)
+            if f is not None and len(f) >= 8:
+                self.steal.append((time.monotonic_ns(), f[7], f[5], f[6]))
+            self._stop.wait(STEAL_PERIOD_S)
+
+    def start(self):
+        self.counts0 = {"interrupts": _per_cpu_counts("/proc/interrupts", self.cpu),
+                        "softirqs": _per_cpu_counts("/proc/softirqs", self.cpu), "stat": _cpu_line(self.cpu)}
+        if self.counts0["stat"] is None or len(self.counts0["stat"]) < 8:
+            self.evidence["steal"] = {"granted": False, "detail": f"/proc/stat has no cpu{self.cpu} steal field"}
+        else:
+            self.evidence["steal"] = {"granted": True, "detail": f"/proc/stat cpu{self.cpu} every "
+                                                                 f"{STEAL_PERIOD_S * 1e3:g} ms (unit {1e3 / USER_HZ:g} ms)"}
+            t = threading.Thread(target=self._sample_steal, name="why-late-steal", daemon=True)
+            self._threads.append(t)
+            t.start()
+        self._start_trace()
+        return self
+
+    def stop(self):
+        """Stop collecting (after the loop ended): the trace is drained, the instance removed."""
+        self.stopped = True
+        if self._instance:
+            try:
+                self._write("tracing_on", "0")
+            except OSError:
+                pass
+        self._stop.set()
+        for t in self._threads:
+            t.join(timeout=5)
+        self._remove_instance()
+        end = {"interrupts": _per_cpu_counts("/proc/interrupts", self.cpu),
+               "softirqs": _per_cpu_counts("/proc/softirqs", self.cpu), "stat": _cpu_line(self.cpu)}
+        for key in ("interrupts", "softirqs"):
+            a, b = self.counts0.get(key), end.get(key)
+            if a is None or b is None:
+                self.evidence[key] = {"granted": False, "detail": f"/proc/{key} unreadable or without cpu{self.cpu}"}
+            else:
+                delta = {k: b[k] - a.get(k, 0) for k in b if b[k] - a.get(k, 0) > 0}
+                self.evidence[key] = {"granted": True, "on_core_during_run": dict(
+                    sorted(delta.items(), key=lambda kv: -kv[1]))}
+        a, b = self.counts0.get("stat"), end.get("stat")
+        if a and b and len(a) >= 8 and len(b) >= 8:
+            self.evidence["steal"]["run_total_ms"] = (b[7] - a[7]) * 1e3 / USER_HZ
+        self.evidence["smi"] = smi_count(self.cpu)
+        if "trace" in self.evidence and self.evidence["trace"].get("granted"):
+            self.evidence["trace"].update(lines=self.parser.lines, unparsed=self.parser.unparsed,
+                                          switches_inferred=self.parser.inferred_switches,
+                                          intervals_kept=len(self.intervals), intervals_dropped=self.dropped)
+        return self
+
+
+def _remove_stale_instances():
+    """Instances of nodes that died without removing theirs (SIGKILL): they would go on tracing."""
+    base = os.path.join(TRACEFS, "instances")
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return
+    for name in names:
+        if not name.startswith("control-node-"):
+            continue
+        try:
+            pid = int(name.rsplit("-", 1)[1])
+            os.kill(pid, 0)
+            continue                          # alive: its own
+        except ProcessLookupError:
+            pass
+        except (ValueError, PermissionError):
+            continue
+        try:
+            with open(os.path.join(base, name, "tracing_on"), "w") as f:
+                f.write("0")
+            os.rmdir(os.path.join(base, name))
+        except OSError:
+            pass
+
+
+def smi_count(cpu: int) -> dict:
+    """System-management interrupts so far (Intel MSR 0x34 via /dev/cpu/N/msr), or why they cannot be read."""
+    path = f"/dev/cpu/{cpu}/msr"
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError as e:
+        return {"granted": False, "detail": f"{path}: {e.strerror or e} (needs the msr module and root)"}
+    try:
+        raw = os.pread(fd, 8, 0x34)
+        return {"granted": True, "count": int.from_bytes(raw, "little")}
+    except OSError as e:
+        return {"granted": False, "detail": f"MSR_SMI_COUNT (0x34) unreadable: {e.strerror or e} (not an Intel CPU, "
+                                            "or the hypervisor hides it)"}
+    finally:
+        os.close(fd)
+
+
+# ---- matching ----------------------------------------------------------------------------------
+def _overlaps(intervals, t0, t1) -> dict:
+    """{(kind, name): ns of overlap with [t0, t1]} (points, e.g. page faults, count as 1 ns each)."""
+    out = {}
+    for kind, name, a, b in intervals:
+        if a == b:
+            if t0 <= a <= t1:
+                out[(kind, name)] = out.get((kind, name), 0) + 1
+            continue
+        lo, hi = max(a, t0), min(b, t1)
+        if hi > lo:
+            out[(kind, name)] = out.get((kind, name), 0) + (hi - lo)
+    return out
+
+
+def _steal_ms(steal, t0, t1) -> float | None:
+    """Steal time (ms) of the core between the last sample before t0 and the first after t1, or None."""
+    if len(steal) < 2:
+        return None
+    ts = np.fromiter((s[0] for s in steal), dtype=np.int64, count=len(steal))
+    i = max(0, int(np.searchsorted(ts, t0, side="right")) - 1)
+    j = min(len(steal) - 1, int(np.searchsorted(ts, t1, side="left")))
+    if j <= i:
+        j = min(len(steal) - 1, i + 1)
+    return (steal[j][1] - steal[i][1]) * 1e3 / USER_HZ
+
+
+def classify(window_ns, lateness_ns, overlaps: dict, steal_ms, trace_ok: bool, own_ns: int,
+             timer_late_ns=None) -> tuple[str, dict]:
+    """A cause and the figures behind it for one late cycle. ``overlaps``: evidence in the window;
+    ``own_ns``: the cycle's own work beyond its deadline share (0 when it woke late); ``timer_late_ns``:
+    how late the core's first timer interrupt of the window came after the loop's wake-up timer was due
+    (None: none seen). The loop's own timer interrupts are not a cause: they are how it wakes."""
+    overlaps = {k: v for k, v in overlaps.items() if k != ("vector", "local_timer")}
+    foreign = {k: v for k, v in overlaps.items() if k[0] != "page fault"}
+    faults = sum(v for k, v in overlaps.items() if k[0] == "page fault")
+    figures = {"window_us": window_ns / 1e3, "lateness_us": lateness_ns / 1e3,
+               "seen": {f"{k[0]} {k[1]}": round(v / 1e3, 1) for k, v in
+                        sorted(foreign.items(), key=lambda kv: -kv[1])[:5]},
+               "page_faults": faults, "steal_ms": steal_ms,
+               "timer_irq_late_us": None if timer_late_ns is None else timer_late_ns / 1e3}
+    if foreign:
+        (kind, name), ns = max(foreign.items(), key=lambda kv: kv[1])
+        if ns >= 0.3 * max(lateness_ns, 1) or ns >= 50_000:
+            return f"{kind} {name}", figures
+    if faults:
+        return "page fault", figures
+    if own_ns > 0 and own_ns >= 0.5 * lateness_ns:
+        return "own cycle work", figures
+    if steal_ms:
+        return "hypervisor", figures
+    if trace_ok and timer_late_ns is not None and timer_late_ns >= 0.5 * lateness_ns and lateness_ns >= 20_000:
+        # the core sat idle, nothing else ran, and its timer interrupt came late: the vCPU was not running
+        return "hypervisor", dict(figures, why="the core's timer interrupt came late while it ran nothing "
+                                               "(no steal counted: this host may not report it)")
+    if not trace_ok:
+        return "unknown", dict(figures, why="no trace of what ran on the core")
+    return "unknown", dict(figures, why="nothing ran on the core and no interrupt came, but no steal was "
+                                        "counted (steal is in 10 ms units)")
+
+
+def attribute(recorder: Recorder | None, arrays: dict, period_ns: int, deadline_ns: int, spin_ns: int,
+              worst: int = 20, max_events: int = 1000) -> dict:
+    """summary.json ``why_late``: each deadline miss (up to ``max_events``) and the ``worst`` wake-ups of
+    the ring, with a cause; totals by cause (misses weighted with the ticks skipped before them)."""
+    if recorder is None:
+        return {"enabled": False, "detail": "off ([diagnostics] attribution = false)"}
+    ev = recorder.evidence
+    trace_ok = bool((ev.get("trace") or {}).get("granted"))
+    intervals = list(recorder.intervals)
+    if intervals:
+        starts = np.fromiter((iv[2] for iv in intervals), dtype=np.int64, count=len(intervals))
+        order = np.argsort(starts, kind="stable")
+        intervals = [intervals[i] for i in order]
+        starts = starts[order]
+        ends = np.maximum.accumulate(np.fromiter((iv[3] for iv in intervals), dtype=np.int64,
+                                                 count=len(intervals)))
+    cyc, flags = arrays["cycle"], arrays["flags"]
+    tick, wake, ct = arrays["t_tick_ns"], arrays["wake_latency_ns"], arrays["cycle_time_ns"]
+    miss_idx = np.flatnonzero(flags & 1)[:max_events]
+    # the worst wake-ups worth explaining: later than 10 us and 1 % of a period
+    floor = max(10_000, period_ns // 100)
+    wake_idx = [int(k) for k in np.argsort(np.where(wake >= 0, wake, -1))[::-1][:worst] if wake[k] >= floor]
+    rows, totals, total_misses = [], {}, 0
+    first_kept = intervals[0][2] if intervals else None
+    for i in sorted(set(miss_idx.tolist()) | set(wake_idx)):
+        w, c, tk = max(int(wake[i]), 0), int(ct[i]), int(tick[i])
+        # where the loop lost time: waking (from its timer being due to its wake-up), when it woke late,
+        # and working (wake-up -> publish); before its timer was due it slept, and whatever ran then
+        # delayed nothing
+        woke_late = w >= floor
+        t0 = tk - spin_ns if woke_late else tk + w
+        t1 = tk + w + c
+        late = max(w + c - deadline_ns, w)
+        if intervals:
+            lo = int(np.searchsorted(ends, t0, side="left"))
+            hi = int(np.searchsorted(starts, t1, side="right"))
+            near = intervals[lo:hi]
+            ov = _overlaps(near, t0, t1)
+            timers = [iv[2] for iv in near if iv[0] == "vector" and iv[1] == "local_timer" and t0 <= iv[2] <= t1]
+            timer_late = (min(timers) - t0) if (timers and woke_late) else None
+            in_work = sum(v for k, v in _overlaps(near, tk + w, t1).items()
+                          if k[0] != "page fault" and k != ("vector", "local_timer"))
+        else:
+            ov, timer_late, in_work = {}, None, 0
+        own = 0 if woke_late else max(0, c - in_work)
+        # steal is accounted at the next scheduler tick and sampled every 5 ms, in 10 ms units: look a
+        # little past the window
+        sm = _steal_ms(recorder.steal, t0 - 5_000_000, t1 + 10_000_000)
+        cause, fig = classify(t1 - t0, late, ov, sm, trace_ok and (first_kept is None or t0 >= first_kept), own,
+                              timer_late)
+        is_miss = bool(flags[i] & 1)
+        # ticks the loop skipped after this cycle to catch up (each a miss the loop counted)
+        skipped = max(0, int(round((int(tick[i + 1]) - int(tick[i])) / period_ns)) - 1) if i + 1 < tick.size else 0
+        rows.append({"cycle": int(cyc[i]), "miss": is_miss, "wake_latency_ns": int(wake[i]),
+                     "cycle_time_ns": int(ct[i]), "ticks_skipped_after": skipped, "cause": cause, **fig})
+        if is_miss:
+            totals[cause] = totals.get(cause, 0) + 1 + skipped
+            total_misses += 1 + skipped
+    by_cause = dict(sorted(totals.items(), key=lambda kv: -kv[1]))
+    text = (f"{total_misses} misses: " + ", ".join(f"{n} {c}" for c, n in by_cause.items())) if total_misses \
+        else "no deadline miss in the ring"
+    return {"enabled": True, "evidence": ev, "events": rows, "misses_by_cause": by_cause,
+            "misses_attributed": total_misses, "text": text,
+            "method": "per late cycle, the window [tick - spin, published] of the loop's core: time other tasks, "
+                      "interrupts and softirqs held it (tracefs), the loop's page faults, steal growth "
+                      "(/proc/stat), how late the core's timer interrupt came; a miss counts with the ticks the "
+                      "loop skipped after it"}

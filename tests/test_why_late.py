@@ -1,0 +1,162 @@
+"""Why was it late (control_node.diagnosis.attribution): a real node, a real interferer on its core, the
+kernel's own trace of what ran there, and the causes the node names in summary.json."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from nodeutil import load_run, start_node
+from control_node.bench.harness import CHILD_CWD
+
+INTERFERER = r"""
+import ctypes, json, os, sys, time
+cpu, duration, burst_ms, every_s = int(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
+ctypes.CDLL(None).prctl(15, b"cn-interferer", 0, 0, 0)         # PR_SET_NAME: the name the trace shows
+os.sched_setaffinity(0, {cpu})
+os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(90))     # above the node's loop (80)
+print("ready", flush=True)
+bursts, end = [], time.monotonic() + duration
+time.sleep(0.5)
+while time.monotonic() < end:
+    t0 = time.monotonic_ns()
+    while time.monotonic_ns() - t0 < burst_ms * 1e6:
+        pass
+    bursts.append((t0, time.monotonic_ns()))
+    time.sleep(every_s)
+# leave the core before the interpreter's teardown, which would be one more burst at priority 90
+os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+os.sched_setaffinity(0, set(range(os.cpu_count())) - {cpu} or {cpu})
+print(json.dumps(bursts), flush=True)
+"""
+
+
+def _can_trace_and_fifo():
+    if os.geteuid() != 0:
+        return "needs root (SCHED_FIFO for the interferer, tracefs for the evidence)"
+    if not (os.path.isdir("/sys/kernel/tracing") or os.path.isdir("/sys/kernel")):
+        return "no /sys/kernel/tracing"
+    return None
+
+
+def fed_node(tmp_path, model, extra, duration):
+    """A node for ``duration`` s fed at 1 kHz by the benchmark feeder (6 features)."""
+    node, cfg = start_node(tmp_path, model, extra="[watchdog]\nstale_after_ms = 200.0\n" + extra,
+                           args=("--duration", duration))
+    feeder = subprocess.Popen([sys.executable, "-m", "control_node.bench.peers.feeder", node.endpoints["sensor"],
+                               "1000", str(duration + 3), "6"], cwd=CHILD_CWD)
+    return node, feeder
+
+
+@pytest.mark.skipif(_can_trace_and_fifo() is not None, reason=str(_can_trace_and_fifo()))
+def test_a_task_holding_the_loop_core_is_named(tmp_path, continuous_f64_model_path):
+    """An interferer (SCHED_FIFO 90, pinned to the loop's core) spins 4 ms every 250 ms: every burst makes a
+    miss, the node names `task cn-interferer` for it from the trace, and names it for no other miss."""
+    node, feeder = fed_node(tmp_path, continuous_f64_model_path, "", 5)
+    cpu = max(os.sched_getaffinity(0))              # [realtime] cpu = "last"
+    intr = subprocess.Popen([sys.executable, "-c", INTERFERER, str(cpu), "3.5", "4", "0.25"],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert intr.stdout.readline().strip() == "ready"
+        bursts = json.loads(intr.stdout.readline())
+        node.proc.communicate(timeout=60)
+    finally:
+        intr.kill()
+        feeder.kill()
+        feeder.wait()
+    summary, arrays = load_run(os.path.join(str(tmp_path), "runs", os.listdir(os.path.join(str(tmp_path), "runs"))[0]))
+    assert summary["rt"]["cpu"]["core"] == cpu
+    w = summary["why_late"]
+    assert w["enabled"] and w["evidence"]["trace"]["granted"], w["evidence"]
+    assert len(bursts) >= 8
+    named = [e for e in w["events"] if e["cause"] == "task cn-interferer"]
+    tick = dict(zip(arrays["cycle"].tolist(), arrays["t_tick_ns"].tolist()))
+
+    def overlaps(e, burst):
+        """The event's window (from its tick to its publish) overlaps the burst."""
+        t0 = tick[e["cycle"]] - 200_000
+        t1 = tick[e["cycle"]] + e["wake_latency_ns"] + e["cycle_time_ns"]
+        return t0 <= burst[1] and burst[0] <= t1
+    hit = {i for i, b in enumerate(bursts) if any(overlaps(e, b) for e in named if e["miss"])}
+    assert len(hit) >= 0.8 * len(bursts), (len(hit), len(bursts), w["text"])      # recall
+    stray = [e for e in named if not any(overlaps(e, b) for b in bursts)]
+    assert not stray, (stray, [(tick[e["cycle"]] - b[0]) / 1e6 for e in stray for b in bursts])   # precision
+    assert all(e["seen"]["task cn-interferer"] >= 1000 for e in named if e["miss"])   # >= 1 ms of it in each miss
+    assert w["misses_by_cause"]["task cn-interferer"] >= len(hit)
+    assert "task cn-interferer" in w["text"]
+
+
+def test_own_cycle_work_is_named_when_the_policy_is_slower_than_the_deadline(tmp_path):
+    """A 48-512-256-128-12 float64 policy (tens of us) under a 5 us deadline: the misses are the cycle's own
+    work, and the node says so."""
+    from conftest import continuous_spec
+    from control_node.kernels import save_model
+    model = tmp_path / "big.npz"
+    save_model(continuous_spec("float64", seed=5, sizes=(6, 512, 256, 128, 12)), model)
+    node, feeder = fed_node(tmp_path, model, "[loop]\ndeadline_us = 5\n", 2)
+    try:
+        node.proc.communicate(timeout=60)
+    finally:
+        feeder.kill()
+        feeder.wait()
+    runs = os.path.join(str(tmp_path), "runs")
+    summary, _ = load_run(os.path.join(runs, os.listdir(runs)[0]))
+    w = summary["why_late"]
+    assert w["enabled"] and summary["deadline_misses"] > 500
+    own = w["misses_by_cause"].get("own cycle work", 0)
+    assert own >= 0.9 * w["misses_attributed"], w["text"]
+    assert w["text"].startswith(f"{w['misses_attributed']} misses: ")
+
+
+def test_evidence_that_could_not_be_had_is_listed(tmp_path, continuous_f64_model_path):
+    """Without the trace, nothing is put down to a task or an interrupt, and the evidence says why; an
+    unpinned loop has no core to watch."""
+    node, feeder = fed_node(tmp_path, continuous_f64_model_path, "[diagnostics]\nattribution_trace = false\n", 1.5)
+    try:
+        node.proc.communicate(timeout=60)
+    finally:
+        feeder.kill()
+        feeder.wait()
+    runs = os.path.join(str(tmp_path), "runs")
+    summary, _ = load_run(os.path.join(runs, os.listdir(runs)[0]))
+    w = summary["why_late"]
+    assert w["enabled"] and w["evidence"]["trace"] == {"granted": False,
+                                                       "detail": "off ([diagnostics] attribution_trace = false)"}
+    assert not any(e["cause"].startswith(("task ", "irq ", "softirq ", "vector ")) for e in w["events"])
+    assert w["evidence"]["interrupts"]["granted"] and "smi" in w["evidence"]
+    d2 = tmp_path / "unpinned"
+    d2.mkdir(mode=0o700)
+    node, feeder = fed_node(d2, continuous_f64_model_path, '[realtime]\ncpu = "none"\n', 1.0)
+    try:
+        node.proc.communicate(timeout=60)
+    finally:
+        feeder.kill()
+        feeder.wait()
+    runs = os.path.join(str(d2), "runs")
+    summary, _ = load_run(os.path.join(runs, os.listdir(runs)[0]))
+    assert summary["why_late"]["enabled"] is False and "no core to watch" in summary["why_late"]["detail"]
+    assert not os.path.exists(f"/sys/kernel/tracing/instances/control-node-{node.proc.pid}")
+
+
+def test_the_trace_instance_is_removed_and_tracefs_left_as_found(tmp_path, continuous_f64_model_path):
+    """After a run, no control-node instance is left in tracefs, and tracefs is mounted only if it was."""
+    was = os.path.ismount("/sys/kernel/tracing")
+    node, feeder = fed_node(tmp_path, continuous_f64_model_path, "", 1.0)
+    try:
+        node.proc.communicate(timeout=60)
+    finally:
+        feeder.kill()
+        feeder.wait()
+    runs = os.path.join(str(tmp_path), "runs")
+    summary, _ = load_run(os.path.join(runs, os.listdir(runs)[0]))
+    tr = summary["why_late"]["evidence"]["trace"]
+    if not tr["granted"]:
+        pytest.skip(f"tracefs not granted here: {tr['detail']}")
+    assert tr["lines"] > 1000 and tr["unparsed"] == 0
+    assert not os.path.exists(f"/sys/kernel/tracing/instances/control-node-{node.proc.pid}")
+    assert os.path.ismount("/sys/kernel/tracing") == was or not tr.get("mounted_by_node")
+    assert np.isfinite(summary["duration_s"])
