@@ -400,7 +400,8 @@ class ControlThread(threading.Thread):
     def run(self):
         import zmq
 
-        from control_node.loop.realtime import leave_core
+        from control_node.loop.realtime import leave_core, name_thread
+        name_thread("cn-lifecycle")
         leave_core(self.loop_cpu)
         poller = zmq.Poller()
         poller.register(self.sock, zmq.POLLIN)

@@ -25,7 +25,7 @@ import numpy as np
 
 from control_node import rundir
 from control_node.errors import UserError
-from control_node.loop.realtime import leave_core, rt_summary_line, setup_realtime
+from control_node.loop.realtime import leave_core, name_thread, rt_summary_line, setup_realtime
 
 STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
 
@@ -82,6 +82,7 @@ class Diagnostics(threading.Thread):
         return out
 
     def run(self):
+        name_thread("cn-diagnostics")
         leave_core(self.loop_cpu)
         self._last = {"cycles": 0, "t": time.monotonic(), "misses": 0, "log": 0.0, "error_log": 0.0}
         while not self.finished.is_set():
@@ -232,7 +233,10 @@ class Node:
         rt_session = None
         recorder = None
         try:
-            sockets = NodeSockets(cfg["endpoints"], lim["max_frame_bytes"], lim["send_hwm"],
+            from control_node.loop.realtime import choose_cpu
+            loop_cpu = choose_cpu(cfg["realtime"]["cpu"])
+            others = set(os.sched_getaffinity(0)) - {loop_cpu} if loop_cpu is not None else set()
+            sockets = NodeSockets(cfg["endpoints"], lim["max_frame_bytes"], lim["send_hwm"], io_cpus=others,
                                   security=cfg.get("security"))
             loop = RtLoop(policy, sockets.sensor.underlying, sockets.action.underlying, libzmq_functions(),
                           period_ns=period_ns,
@@ -247,8 +251,6 @@ class Node:
                           phase_lock=bool(lp["phase_lock"]), phase_margin_ns=int(round(lp["phase_margin_us"] * 1e3)) if lp["phase_lock"] else 0,
                           reset_on_trip=bool(wd["reset_state"]))
             from control_node.lifecycle import ControlThread, Lifecycle
-            from control_node.loop.realtime import choose_cpu
-            loop_cpu = choose_cpu(cfg["realtime"]["cpu"])
             rt_ref = {}
             lifecycle = Lifecycle(loop, cfg, policy, self.model_path)
             diag = Diagnostics(loop, sockets.diagnostics, rt_ref, cfg["endpoints"], st["diagnostics_hz"], loop_cpu,

@@ -22,9 +22,14 @@ class NodeSockets:
     # control requests are a few hundred bytes (a name and a path)
     CONTROL_MAXMSGSIZE = 64 * 1024
 
-    def __init__(self, endpoints: dict, max_frame_bytes: int, send_hwm: int = 1000, security: dict | None = None):
+    def __init__(self, endpoints: dict, max_frame_bytes: int, send_hwm: int = 1000, security: dict | None = None,
+                 io_cpus=None):
+        """``io_cpus``: the cores libzmq's I/O thread may run on (the loop's left out: it would wake there
+        for every frame); None: any."""
         from control_node.security import ServerCurve, check_runtime_dir
         self.ctx = zmq.Context.instance()
+        for cpu in sorted(io_cpus or ()):
+            self.ctx.set(zmq.THREAD_AFFINITY_CPU_ADD, cpu)     # before the first socket starts the I/O thread
         self.endpoints = dict(endpoints)
         self.curve = None
         self._bound = []

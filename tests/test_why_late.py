@@ -110,6 +110,12 @@ def test_own_cycle_work_is_named_when_the_policy_is_slower_than_the_deadline(tmp
     own = w["misses_by_cause"].get("own cycle work", 0)
     assert own >= 0.9 * w["misses_attributed"], w["text"]
     assert w["text"].startswith(f"{w['misses_attributed']} misses: ")
+    from control_node.bench.harness import run_cli
+    rep = run_cli("report", os.path.join(runs, os.listdir(runs)[0]), env={"COLUMNS": "200"})
+    assert rep.returncode == 0, rep.stderr
+    assert f"why late: {w['text']}" in rep.stdout and "own cycle work" in rep.stdout
+    html = open(os.path.join(runs, os.listdir(runs)[0], "report", "report.html")).read()
+    assert "<h3>Why late</h3>" in html
 
 
 def test_evidence_that_could_not_be_had_is_listed(tmp_path, continuous_f64_model_path):

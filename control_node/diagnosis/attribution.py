@@ -240,6 +240,8 @@ class Recorder:
                     continue
                 if name.startswith("exceptions/"):
                     self._write(f"events/{name}/filter", f"common_pid == {self.loop_tid}")
+                if name == "sched/sched_wakeup":          # only wake-ups onto the loop's core matter
+                    self._write(f"events/{name}/filter", f"target_cpu == {self.cpu}")
                 self._write(f"events/{name}/enable", "1")
                 enabled.append(name)
             self._write("tracing_on", "1")
@@ -249,7 +251,7 @@ class Recorder:
             return
         ev["trace"] = {"granted": True, "detail": f"tracefs instance {inst} (trace clock mono, core {self.cpu})",
                        "mounted_by_node": self._mounted, "events": enabled, "events_missing": missing}
-        t = threading.Thread(target=self._read_trace, name="why-late-trace", daemon=True)
+        t = threading.Thread(target=self._read_trace, name="cn-why-trace", daemon=True)
         self._threads.append(t)
         t.start()
 
@@ -308,7 +310,8 @@ class Recorder:
 
     # ---- /proc ---------------------------------------------------------------------------------
     def _leave_core(self):
-        from control_node.loop.realtime import leave_core
+        from control_node.loop.realtime import leave_core, name_thread
+        name_thread(threading.current_thread().name[:15])
         leave_core(self.cpu)
 
     def _sample_steal(self):
@@ -327,7 +330,7 @@ class Recorder:
         else:
             self.evidence["steal"] = {"granted": True, "detail": f"/proc/stat cpu{self.cpu} every "
                                                                  f"{STEAL_PERIOD_S * 1e3:g} ms (unit {1e3 / USER_HZ:g} ms)"}
-            t = threading.Thread(target=self._sample_steal, name="why-late-steal", daemon=True)
+            t = threading.Thread(target=self._sample_steal, name="cn-why-steal", daemon=True)
             self._threads.append(t)
             t.start()
         self._start_trace()

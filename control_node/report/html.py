@@ -7,7 +7,8 @@ import html
 from control_node import rundir
 from control_node.report.load import PCT_LABELS, STAT_KEYS, METRIC_TITLES, EXTRA_COUNTERS
 from control_node.report.stats import (all_stats, comparison, fmt_num, fmt_us, lifecycle_changed, phase_lock_line,
-                                       policy_rate_line, shadow_line, timeline_rows, us_num)
+                                       policy_rate_line, shadow_line, timeline_rows, us_num, why_late_evidence_line,
+                                       why_late_rows)
 
 CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:2em auto;max-width:1100px;
@@ -82,6 +83,15 @@ def run_html(rs: dict, pngs: dict) -> str:
             *[[t, _h(n.get(k)), ""] for k, t in EXTRA_COUNTERS if n.get(k) is not None],
             ["rejected frames", _h(n.get("rejected_total")),
              _h(", ".join(f"{k} {c}" for k, c in sorted(rej.items()) if c))]], numeric_from=1, numeric_to=2))
+        wl = n.get("why_late")
+        if wl and wl.get("enabled"):
+            parts.append(f"<h3>Why late</h3><p>{_h(wl.get('text'))}</p><p class='note'>"
+                         f"{_h(why_late_evidence_line(wl))}</p>"
+                         + _table(["cycle", "what", "wake-up", "cycle time", "cause", "evidence"],
+                                  [[_h(c) for c in row] for row in why_late_rows(wl, 50)], numeric_from=2,
+                                  numeric_to=4))
+        elif wl:
+            parts.append(f"<h3>Why late</h3><p class='note'>not collected: {_h(wl.get('detail'))}</p>")
         lc = n.get("lifecycle")
         if lifecycle_changed(lc):
             parts.append(f"<h3>Policy timeline</h3><p class='note'>active at the end: {_h(lc.get('active'))}"

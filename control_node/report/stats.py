@@ -184,6 +184,8 @@ def run_summary(run: Run) -> dict:
             "phase_lock": s.get("phase_lock"),
             # policies switched, shadowed, rolled back while the loop ran (None: older runs)
             "lifecycle": s.get("lifecycle"),
+            # each miss and the worst wake-ups with a cause, from evidence about the loop's core (None: older)
+            "why_late": s.get("why_late"),
         }
     if run.sim is not None:
         s = run.sim.summary
@@ -293,3 +295,35 @@ def shadow_line(lc: dict | None) -> str:
             + (f"; distance p50 {d['p50']:.3g} p99 {d['p99']:.3g} max {d['max']:.3g}"
                + (f" (threshold {sf['distance_threshold']:g})" if sf.get("distance_threshold") is not None else "")
                if d else ""))
+
+
+def why_late_rows(wl: dict | None, n: int = 12) -> list[list[str]]:
+    """The explained late cycles, misses first then by lateness: [cycle, miss, wake-up, cycle time, cause,
+    evidence] (at most ``n``)."""
+    events = sorted((wl or {}).get("events") or [], key=lambda e: (not e.get("miss"), -(e.get("lateness_us") or 0)))
+    rows = []
+    for e in events[:n]:
+        seen = ", ".join(f"{k} {v:g} us" for k, v in (e.get("seen") or {}).items())
+        extra = [seen] if seen else []
+        if e.get("page_faults"):
+            extra.append(f"{e['page_faults']} page faults")
+        if e.get("steal_ms"):
+            extra.append(f"steal +{e['steal_ms']:g} ms")
+        if e.get("timer_irq_late_us") is not None and e["timer_irq_late_us"] >= 10:
+            extra.append(f"timer interrupt {e['timer_irq_late_us']:.0f} us late")
+        if e.get("why"):
+            extra.append(e["why"])
+        rows.append([str(e.get("cycle")), "miss" if e.get("miss") else "late wake", fmt_us(e.get("wake_latency_ns")),
+                     fmt_us(e.get("cycle_time_ns")), str(e.get("cause")), "; ".join(extra) or "-"])
+    return rows
+
+
+def why_late_evidence_line(wl: dict | None) -> str:
+    """``evidence: trace granted (tracefs instance ...), steal granted, smi not granted (...)``."""
+    ev = (wl or {}).get("evidence") or {}
+    parts = []
+    for k, v in ev.items():
+        if isinstance(v, dict) and "granted" in v:
+            parts.append(f"{k} {'granted' if v['granted'] else 'not granted'}" + ("" if v["granted"] else
+                                                                                    f" ({v.get('detail')})"))
+    return "evidence: " + ", ".join(parts) if parts else ""

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 from control_node.report.load import PCT_LABELS, STAT_KEYS, METRIC_TITLES, EXTRA_COUNTERS
 from control_node.report.stats import (all_stats, comparison, fmt_num, fmt_us, lifecycle_changed, phase_lock_line,
-                                       policy_rate_line, shadow_line, timeline_rows, us_num)
+                                       policy_rate_line, shadow_line, timeline_rows, us_num, why_late_evidence_line,
+                                       why_late_rows)
 
 
 def _cell(ns):
@@ -48,6 +49,20 @@ def print_terminal(summaries: list[dict], console=None) -> None:
             t.add_row("rejected frames", str(n.get("rejected_total")),
                       ", ".join(f"{k} {v}" for k, v in sorted(rej.items()) if v))
             console.print(t)
+            wl = n.get("why_late")
+            if wl and wl.get("enabled"):
+                console.print(f"[bold]why late:[/] {wl.get('text')}")
+                rows = why_late_rows(wl)
+                if rows:
+                    t = Table(title="late cycles and their causes (evidence from the loop's core)")
+                    for c in ("cycle", "what", "wake-up", "cycle time", "cause", "evidence"):
+                        t.add_column(c, justify="right" if c in ("cycle", "wake-up", "cycle time") else "left")
+                    for row in rows:
+                        t.add_row(*row)
+                    console.print(t)
+                console.print(why_late_evidence_line(wl))
+            elif wl:
+                console.print(f"why late: not collected: {wl.get('detail')}")
             lc = n.get("lifecycle")
             if lifecycle_changed(lc):
                 t = Table(title=f"policy timeline (active at the end: {lc.get('active')})")
