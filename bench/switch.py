@@ -49,6 +49,16 @@ def us_row(values_ns) -> dict:
     return {"p50": q[0] / 1e3, "p99": q[1] / 1e3, "p999": q[2] / 1e3, "max": v.max() / 1e3, "n": int(v.size)}
 
 
+def why_late_brief(summary) -> dict:
+    """The misses by cause and the causes of the explained late wake-ups, from a node run's why_late."""
+    wl = summary.get("why_late") or {}
+    late = {}
+    for e in wl.get("events") or []:
+        if not e.get("miss"):
+            late[e["cause"]] = late.get(e["cause"], 0) + 1
+    return {"text": wl.get("text") or wl.get("detail"), "late_wakes_by_cause": late}
+
+
 def save_shape(path, shape, seed):
     from control_node.bench.policy import make_spec
     from control_node.kernels import Policy, save_model
@@ -149,7 +159,9 @@ def part1(args, tmp):
                    "cycles": int(s["cycles"]), "deadline_misses": int(s["deadline_misses"]),
                    "skipped_ticks": int(s["skipped_ticks"]),
                    "action_stream_contiguous": bool(act_cycles.size > 1 and np.all(np.diff(act_cycles) == 1)),
-                   "actions_received": int(act_cycles.size)}
+                   "actions_received": int(act_cycles.size),
+                   # what the node's own attribution says of its misses and worst wake-ups (summary.json why_late)
+                   "why_late": why_late_brief(s)}
             if got:
                 sw = np.array(got["cycles"], dtype=np.int64)
                 cyc = arr["cycle"]
@@ -247,6 +259,11 @@ def main(argv=None) -> int:
             for i, r in enumerate(p1[kind]):
                 print(f"  {kind + ' ' + str(i + 1):<38} {fmt(r['wake_us'])} | {fmt(r['cycle_time_us'])} "
                       f"{r['deadline_misses']:>8} {r['skipped_ticks']:>7} {str(r['action_stream_contiguous']):>10}")
+        for kind in ("steady", "switching"):
+            for i, r in enumerate(p1[kind]):
+                wl = r["why_late"]
+                print(f"  {kind} {i + 1} why late: {wl['text']}; worst late wake-ups: "
+                      + (", ".join(f"{n} {c}" for c, n in wl["late_wakes_by_cause"].items()) or "none"))
         for i, r in enumerate(p1["switching"]):
             print(f"  switching {i + 1}: {r['switches']} switches, {r['transitions_recorded']} recorded; the cycle "
                   f"after a switch: cycle time {fmt(r['switch_cycle_time_us'])} us, misses "

@@ -453,6 +453,12 @@ def classify(window_ns, lateness_ns, overlaps: dict, steal_ms, trace_ok: bool, o
                         sorted(foreign.items(), key=lambda kv: -kv[1])[:5]},
                "page_faults": faults, "steal_ms": steal_ms,
                "timer_irq_late_us": None if timer_late_ns is None else timer_late_ns / 1e3}
+    if trace_ok and timer_late_ns is not None and timer_late_ns >= 0.5 * lateness_ns and lateness_ns >= 20_000:
+        # the loop's wake-up timer interrupt itself came late. No task can hold off an interrupt (short
+        # of running with interrupts masked for that long), so the vCPU was not running: whatever the
+        # trace shows on the core then is where the host stopped it, not what delayed the loop
+        return "hypervisor", dict(figures, why="the core's timer interrupt came late: the vCPU was not running"
+                                  + ("" if steal_ms else " (no steal counted: this host may not report it)"))
     if foreign:
         (kind, name), ns = max(foreign.items(), key=lambda kv: kv[1])
         if ns >= 0.3 * max(lateness_ns, 1) or ns >= 50_000:
@@ -463,10 +469,6 @@ def classify(window_ns, lateness_ns, overlaps: dict, steal_ms, trace_ok: bool, o
         return "own cycle work", figures
     if steal_ms:
         return "hypervisor", figures
-    if trace_ok and timer_late_ns is not None and timer_late_ns >= 0.5 * lateness_ns and lateness_ns >= 20_000:
-        # the core sat idle, nothing else ran, and its timer interrupt came late: the vCPU was not running
-        return "hypervisor", dict(figures, why="the core's timer interrupt came late while it ran nothing "
-                                               "(no steal counted: this host may not report it)")
     if not trace_ok:
         return "unknown", dict(figures, why="no trace of what ran on the core")
     return "unknown", dict(figures, why="nothing ran on the core and no interrupt came, but no steal was "
