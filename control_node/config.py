@@ -81,6 +81,9 @@ SCHEMA = {
         "mlockall": (True, bool, "true or false"),
         "gc_freeze": (True, bool, "true or false"),
         "cpu_dma_latency": (True, bool, "true or false"),
+        # move other processes' threads, movable kernel threads and IRQs off the loop's core for the run
+        # (restored after; `control-node doctor --restore` after a crash)
+        "isolate": (False, bool, "true or false"),
     },
     # what the report's verdict holds the run to (control-node report: PASS / FAIL)
     "budget": {

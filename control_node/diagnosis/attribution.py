@@ -216,7 +216,7 @@ class Recorder:
                 ev["trace"] = {"granted": False, "detail": f"tracefs is not mounted at {TRACEFS} and could not be: "
                                                            f"{e.strerror or e}"}
                 return
-        _remove_stale_instances()
+        remove_stale_instances()
         inst = os.path.join(TRACEFS, "instances", f"control-node-{os.getpid()}")
         try:
             os.mkdir(inst)
@@ -369,13 +369,15 @@ class Recorder:
         return self
 
 
-def _remove_stale_instances():
-    """Instances of nodes that died without removing theirs (SIGKILL): they would go on tracing."""
+def remove_stale_instances() -> list[str]:
+    """Remove the tracefs instances of nodes that died without removing theirs (SIGKILL): they would go on
+    tracing. Returns the names removed."""
     base = os.path.join(TRACEFS, "instances")
+    removed = []
     try:
         names = os.listdir(base)
     except OSError:
-        return
+        return removed
     for name in names:
         if not name.startswith("control-node-"):
             continue
@@ -391,8 +393,10 @@ def _remove_stale_instances():
             with open(os.path.join(base, name, "tracing_on"), "w") as f:
                 f.write("0")
             os.rmdir(os.path.join(base, name))
+            removed.append(name)
         except OSError:
             pass
+    return removed
 
 
 def smi_count(cpu: int) -> dict:
@@ -497,7 +501,7 @@ def attribute(recorder: Recorder | None, arrays: dict, period_ns: int, deadline_
     # the worst wake-ups worth explaining: later than 10 us and 1 % of a period
     floor = max(10_000, period_ns // 100)
     wake_idx = [int(k) for k in np.argsort(np.where(wake >= 0, wake, -1))[::-1][:worst] if wake[k] >= floor]
-    rows, totals, total_misses = [], {}, 0
+    rows, totals, total_misses, late_ns = [], {}, 0, {}
     first_kept = intervals[0][2] if intervals else None
     for i in sorted(set(miss_idx.tolist()) | set(wake_idx)):
         w, c, tk = max(int(wake[i]), 0), int(ct[i]), int(tick[i])
@@ -530,13 +534,21 @@ def attribute(recorder: Recorder | None, arrays: dict, period_ns: int, deadline_
         skipped = max(0, int(round((int(tick[i + 1]) - int(tick[i])) / period_ns)) - 1) if i + 1 < tick.size else 0
         rows.append({"cycle": int(cyc[i]), "miss": is_miss, "wake_latency_ns": int(wake[i]),
                      "cycle_time_ns": int(ct[i]), "ticks_skipped_after": skipped, "cause": cause, **fig})
+        late_ns[cause] = late_ns.get(cause, 0) + late
         if is_miss:
             totals[cause] = totals.get(cause, 0) + 1 + skipped
             total_misses += 1 + skipped
     by_cause = dict(sorted(totals.items(), key=lambda kv: -kv[1]))
     text = (f"{total_misses} misses: " + ", ".join(f"{n} {c}" for c, n in by_cause.items())) if total_misses \
         else "no deadline miss in the ring"
+    if late_ns and sum(late_ns.values()):
+        text += f"; {100 * (1 - late_ns.get('unknown', 0) / sum(late_ns.values())):.0f}% of the late time has a named cause"
+    total_late = sum(late_ns.values())
+    named = total_late - late_ns.get("unknown", 0)
     return {"enabled": True, "evidence": ev, "events": rows, "misses_by_cause": by_cause,
+            # of the time the explained cycles spent late, how much went to each cause, and the named share
+            "late_us_by_cause": {c: v / 1e3 for c, v in sorted(late_ns.items(), key=lambda kv: -kv[1])},
+            "late_time_named_share": (named / total_late) if total_late else None,
             "misses_attributed": total_misses, "text": text,
             "method": "per late cycle, the window [tick - spin, published] of the loop's core: time other tasks, "
                       "interrupts and softirqs held it (tracefs), the loop's page faults, steal growth "

@@ -26,8 +26,12 @@ class RealtimeSession:
         self._dma_fd = None
         self._gc_was_enabled = gc.isenabled()
         self._old_sched = None
+        self._isolation = None
 
     def restore(self):
+        if self._isolation is not None:
+            self.report["isolation"]["restored"] = self._isolation.restore()
+            self._isolation = None
         if self._dma_fd is not None:
             os.close(self._dma_fd)
             self._dma_fd = None
@@ -85,6 +89,19 @@ def setup_realtime(rt_cfg: dict) -> RealtimeSession:
         except (OSError, ValueError) as e:
             r["cpu"] = _feature(cpu, False, f"refused: {e}")
     r["cpu"]["core"] = cpu
+    if rt_cfg.get("isolate"):
+        if cpu is None or not r["cpu"]["granted"]:
+            r["isolation"] = _feature(True, False, "not granted: the loop is not pinned to a core")
+        else:
+            from control_node.endpoints import runtime_dir
+            from control_node.loop.isolation import isolate
+            try:
+                s._isolation = isolate(cpu, runtime_dir())
+                r["isolation"] = s._isolation.report()
+            except OSError as e:
+                r["isolation"] = _feature(True, False, f"not granted: {e}")
+    else:
+        r["isolation"] = _feature(False, False, "off (realtime.isolate = false)")
     if rt_cfg["sched_fifo"]:
         prio = rt_cfg["priority"]
         try:
@@ -129,7 +146,7 @@ def setup_realtime(rt_cfg: dict) -> RealtimeSession:
 
 def rt_summary_line(report: dict) -> str:
     parts = []
-    for name in ("cpu", "sched", "mlock", "gc", "cpu_dma_latency"):
+    for name in ("cpu", "sched", "mlock", "gc", "cpu_dma_latency", "isolation"):
         f = report.get(name)
         if f:
             parts.append(f"{name}={'yes' if f['granted'] else 'no'}")

@@ -46,10 +46,34 @@ def register(sub):
     d.add_argument("--root", metavar="DIR", default="/",
                    help="read /proc, /sys, /boot and /dev under DIR instead of / (for testing against a fake tree; "
                         "implies --no-probe)")
+    d.add_argument("--restore", action="store_true",
+                   help="undo what a node that died without restoring left behind: the affinities and IRQs "
+                        "[realtime] isolate moved (its restore file in the runtime directory) and its tracefs "
+                        "instance; then exit")
     d.add_argument("--no-probe", action="store_true",
                    help="do not try the privileges in a child process; judge them from the capabilities and limits "
                         "in /proc/self/status and /proc/self/limits")
     return d
+
+
+def _restore():
+    from control_node.diagnosis.attribution import remove_stale_instances
+    from control_node.endpoints import runtime_dir
+    from control_node.loop.isolation import restore_leftovers
+    results = restore_leftovers(runtime_dir())
+    for r in results:
+        if "error" in r or "skipped" in r:
+            print(f"{r['file']}: {r.get('error') or r.get('skipped')}")
+        else:
+            print(f"{r['file']}: node {r['pid']} (core {r['core']}): {r['threads_restored']} threads and "
+                  f"{r['irqs_restored']} IRQs restored, {r['threads_gone']} threads gone since, "
+                  f"{r['threads_failed'] + r['irqs_failed']} failed")
+    if not results:
+        print(f"nothing to restore: no isolation restore file in {runtime_dir()}")
+    removed = remove_stale_instances()
+    if removed:
+        print(f"removed {len(removed)} tracefs instance(s) of dead nodes: {', '.join(removed)}")
+    return 1 if any(r.get("threads_failed") or r.get("irqs_failed") or "error" in r for r in results) else 0
 
 
 def run(args):
@@ -60,6 +84,8 @@ def run(args):
     from control_node.config import load_config
     from control_node.diagnosis import doctor
     from control_node.errors import UserError
+    if args.restore:
+        return _restore()
     cfg = load_config(args.config)
     rt = cfg["realtime"]
     cpu = args.cpu if args.cpu is not None else rt["cpu"]
