@@ -97,6 +97,10 @@ SCHEMA = {
         "attribution": (True, bool, "true or false"),
         "attribution_trace": (True, bool, "true or false (false: /proc evidence only, no tracefs)"),
         "attribution_events": (1000, int, "late cycles to explain, 1 to 100000"),
+        # Prometheus metrics over HTTP (control_node.metrics): "" off, or "HOST:PORT"
+        "prometheus": ("", str, '"" (off) or "HOST:PORT", e.g. "127.0.0.1:9100"'),
+        "prometheus_allow_remote": (False, bool, "true or false (serve on a non-loopback address)"),
+        "prometheus_linger_s": (0.0, _NUM, "seconds >= 0 the final metrics stay up after the loop ends"),
     },
     "stats": {
         "ring_cycles": (600000, int, "cycles >= 1000"),
@@ -232,6 +236,17 @@ def validate(cfg: dict, path="(config)") -> None:
         bad("rollout.cycle_time_budget_us", "use 0 (the deadline) or a positive number of microseconds")
     if ro["max_over_budget"] < 0:
         bad("rollout.max_over_budget", "use 0 or more policy ticks")
+    prom = cfg["diagnostics"]["prometheus"]
+    if prom:
+        m = re.fullmatch(r"(\[[0-9a-fA-F:]+\]|[A-Za-z0-9_.-]+):(\d{1,5})", prom)
+        if m is None or not 0 < int(m.group(2)) < 65536:
+            bad("diagnostics.prometheus", 'use "HOST:PORT", e.g. "127.0.0.1:9100", or "" for off')
+        if not endpoints.is_loopback_host(m.group(1).strip("[]")) and not cfg["diagnostics"]["prometheus_allow_remote"]:
+            bad("diagnostics.prometheus", 'serve on 127.0.0.1, or set [diagnostics] prometheus_allow_remote = true '
+                "(the metrics say how the robot's loop runs: firewall the port)",
+                f"binds the non-loopback address {m.group(1)!r}")
+    if cfg["diagnostics"]["prometheus_linger_s"] < 0:
+        bad("diagnostics.prometheus_linger_s", "use 0 or more seconds")
     if not 1 <= cfg["diagnostics"]["attribution_events"] <= 100000:
         bad("diagnostics.attribution_events", "use 1 to 100000 late cycles")
     if lp["duration_s"] < 0:

@@ -232,6 +232,8 @@ class Node:
         sockets = None
         rt_session = None
         recorder = None
+        metrics = None
+        completed = False
         try:
             from control_node.loop.realtime import choose_cpu
             loop_cpu = choose_cpu(cfg["realtime"]["cpu"])
@@ -259,6 +261,13 @@ class Node:
             diag.start()                              # before pinning: they keep the full CPU mask
             control.start()
             dg = cfg["diagnostics"]
+            if dg["prometheus"]:
+                from control_node.metrics import MetricsServer
+                try:
+                    metrics = MetricsServer(dg["prometheus"], loop, lifecycle, rate, loop_cpu).start()
+                except OSError as e:
+                    raise UserError(f"cannot serve metrics on {dg['prometheus']}: {e.strerror or e}. Fix: choose a "
+                                    "free port in [diagnostics] prometheus, or \"\" for off") from None
             if dg["attribution"] and loop_cpu is not None:
                 from control_node.diagnosis.attribution import Recorder
                 recorder = Recorder(loop_cpu, os.getpid(), tracing=dg["attribution_trace"]).start()
@@ -280,6 +289,8 @@ class Node:
                 loop.run(0, run_until)
             finally:
                 lifecycle.running = False
+                if metrics is not None:
+                    metrics.running = False
             ru1 = resource.getrusage(resource.RUSAGE_THREAD)
             if recorder is not None:
                 recorder.stop()
@@ -289,9 +300,12 @@ class Node:
             control.finished.set()
             diag.join(timeout=2)
             control.join(timeout=3)
+            completed = True
         finally:
             if recorder is not None and not recorder.stopped:
                 recorder.stop()                       # never leave a tracefs instance behind
+            if metrics is not None and not completed:
+                metrics.stop()                        # failed: no final figures to linger with
             if rt_session is not None:
                 rt_session.restore()
             if sockets is not None:
@@ -301,8 +315,12 @@ class Node:
                 signal.signal(signo, handler)
             os.close(sig_r)
             os.close(sig_w)
-        return self._write_run_dir(policy, loop, rt_ref.get("rt", {}), started_at, period_ns, ru0, ru1,
-                                   diag.signal_received, rundir.HIST_NAMES, info, spin_us, lifecycle, recorder)
+        run_dir = self._write_run_dir(policy, loop, rt_ref.get("rt", {}), started_at, period_ns, ru0, ru1,
+                                      diag.signal_received, rundir.HIST_NAMES, info, spin_us, lifecycle, recorder)
+        if metrics is not None:
+            time.sleep(float(cfg["diagnostics"]["prometheus_linger_s"]))    # the final figures, for a last scrape
+            metrics.stop()
+        return run_dir
 
     def _why_late(self, recorder, arrays, period_ns, loop, spin_us, rt_report):
         from control_node.diagnosis.attribution import attribute
