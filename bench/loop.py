@@ -47,9 +47,9 @@ def ensure_cyclictest() -> str:
     raise SystemExit("cyclictest is not available and apt-get could not install rt-tests")
 
 
-def run_cyclictest(duration, cpu, prio, tmp) -> dict:
+def run_cyclictest(duration, cpu, prio, tmp, interval_us=1000) -> dict:
     hist = os.path.join(tmp, "cyclictest.hist")
-    cmd = [ensure_cyclictest(), "-m", "-q", f"-p{prio}", f"-a{cpu}", "-t1", "-i1000", f"-D{int(duration)}",
+    cmd = [ensure_cyclictest(), "-m", "-q", f"-p{prio}", f"-a{cpu}", "-t1", f"-i{interval_us}", f"-D{int(duration)}",
            "-h20000", f"--histfile={hist}"]
     subprocess.run(cmd, check=True, capture_output=True)
     lat_us, counts, overflows = [], [], 0
@@ -63,7 +63,7 @@ def run_cyclictest(duration, cpu, prio, tmp) -> dict:
                 counts.append(int(b))
     lat_ns = np.repeat(np.array(lat_us, dtype=np.int64) * 1000, counts)
     row = pct_row(lat_ns)
-    row["late_over_period"] = int((lat_ns >= 1_000_000).sum()) + overflows
+    row["late_over_period"] = int((lat_ns >= interval_us * 1000).sum()) + overflows
     row["overflows"] = overflows
     row["cmd"] = " ".join(cmd)
     return row, lat_ns
@@ -90,11 +90,12 @@ def wait_ready(proc, timeout=60):
     raise RuntimeError(f"{proc.args} did not become ready")
 
 
-def run_node(duration, model, tmp, clock="timer", feeder=True):
+def run_node(duration, model, tmp, clock="timer", feeder=True, rate=None):
     cfg, eps = write_config(tmp)
-    run_dir = os.path.join(tmp, f"node-{clock}")
+    run_dir = os.path.join(tmp, f"node-{clock}" + (f"-{rate:g}" if rate else ""))
     node = NodeProcess(cfg, model, "--quiet", "--clock", clock, "--run-dir", run_dir,
-                       *(["--duration", str(duration)] if duration else []), ready_timeout=60)
+                       *(["--duration", str(duration)] if duration else []), *(["--rate", str(rate)] if rate else []),
+                       ready_timeout=60)
     return node.proc, eps, run_dir
 
 
@@ -141,6 +142,30 @@ def part1(args, tmp, model, cpu):
             print(f"{name} {args.duration:g} s done", flush=True)
     rows["node"].update(deadline_misses=s["deadline_misses"], cycles=s["cycles"],
                         rt={k: v["granted"] for k, v in s["rt"].items()})
+    return rows, raw
+
+
+def part_rates(args, tmp, model, cpu):
+    """Node and cyclictest at each of --rates, side by side: wake-up percentiles, misses, and the node's
+    own account of its misses (summary.json why_late)."""
+    rows, raw = {}, {}
+    for rate in args.rates:
+        interval = int(round(1e6 / rate))
+        print(f"{rate:g} Hz: cyclictest -i{interval} {args.duration:g} s ...", flush=True)
+        ct, raw[f"cyclictest_{rate:g}"] = run_cyclictest(args.duration, cpu, args.priority, tmp, interval)
+        print(f"{rate:g} Hz: node {args.duration:g} s ...", flush=True)
+        node, eps, run_dir = run_node(args.duration, model, tmp, rate=rate)
+        feed_until_done(node, eps, args.duration)
+        s = json.load(open(os.path.join(run_dir, "summary.json")))
+        arrays = np.load(os.path.join(run_dir, "cycles.npz"))
+        raw[f"node_{rate:g}"] = arrays["wake_latency_ns"]
+        nr = pct_row(arrays["wake_latency_ns"])
+        wl = s.get("why_late") or {}
+        nr.update(deadline_misses=s["deadline_misses"], cycles=s["cycles"], spin_us=s["spin_us"],
+                  late_over_period=int((arrays["wake_latency_ns"] >= interval * 1000).sum()),
+                  why_late=wl.get("text") or wl.get("detail"), misses_by_cause=wl.get("misses_by_cause"),
+                  late_time_named_share=wl.get("late_time_named_share"))
+        rows[f"{rate:g}"] = {"cyclictest": ct, "node": nr}
     return rows, raw
 
 
@@ -216,7 +241,10 @@ def main(argv=None) -> int:
     ap.add_argument("--duration", type=float, default=60.0, help="seconds per wake-up run (default: 60)")
     ap.add_argument("--rtt-seconds", type=float, default=20.0, help="seconds of round trips per peer (default: 20)")
     ap.add_argument("--quick", action="store_true", help="10 s wake-up runs, 5 s of round trips")
-    ap.add_argument("--part", choices=["all", "wake", "rtt"], default="all")
+    ap.add_argument("--part", choices=["all", "wake", "rtt", "rates"], default="all",
+                    help="all = wake + rtt; rates: node and cyclictest at each of --rates")
+    ap.add_argument("--rates", type=lambda v: [float(x) for x in v.split(",")], default=[1000.0, 4000.0, 10000.0],
+                    help="loop rates in Hz for --part rates (default: 1000,4000,10000)")
     ap.add_argument("--model", default="models/iris.npz")
     ap.add_argument("--priority", type=int, default=80, help="SCHED_FIFO priority for cyclictest (node uses its config's)")
     ap.add_argument("--json", metavar="FILE", help="write figures, settings and machine here")
@@ -230,8 +258,11 @@ def main(argv=None) -> int:
     cpu = choose_cpu("last")
     info = machine_info()
     tmp = tempfile.mkdtemp(prefix="cn-bench-loop-")
-    p1 = p2 = None
+    p1 = p2 = p3 = None
     raw = {}
+    if args.part == "rates":
+        p3, raw3 = part_rates(args, tmp, model, cpu)
+        raw.update({f"rates_{k}": v for k, v in raw3.items()})
     if args.part in ("all", "wake"):
         p1, raw1 = part1(args, tmp, model, cpu)
         raw.update({f"wake_{k}": v for k, v in raw1.items()})
@@ -261,13 +292,22 @@ def main(argv=None) -> int:
             print(f"  {k:<34} {r['p50']:8.1f} {r['p99']:8.1f} {r['p999']:8.1f} {r['max']:8.0f}   {r['lost']}")
         print("  node / echo ratio: " + " ".join(f"{k} {p2['node'][k] / p2['echo'][k]:.2f}x"
                                                  for k in ("p50", "p99", "p999", "max")))
+    if p3:
+        print("\nwake-up latency by rate (us)         p50      p99    p99.9      max   late>period  misses/cycles")
+        for rate, r in p3.items():
+            for k in ("cyclictest", "node"):
+                x = r[k]
+                extra = f"  {x['deadline_misses']}/{x['cycles']}" if k == "node" else ""
+                print(f"  {rate:>6} Hz {k:<14} {x['p50']:8.1f} {x['p99']:8.1f} {x['p999']:8.1f} {x['max']:8.0f}   "
+                      f"{x['late_over_period']:>11}{extra}")
+            print(f"  {rate:>6} Hz why late: {r['node']['why_late']}")
     print("\ntargets:")
     for name, ok, detail in verdicts(p1, p2):
         print(f"  [{'met' if ok else 'NOT met'}] {name}: {detail}")
     raw_path = save_raw("loop", raw)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"machine": info, "settings": vars(args), "core": cpu, "wake": p1, "rtt": p2,
+            json.dump({"machine": info, "settings": vars(args), "core": cpu, "wake": p1, "rtt": p2, "rates": p3,
                        "targets": [{"name": n, "met": bool(o), "detail": d} for n, o, d in verdicts(p1, p2)],
                        "raw": raw_path}, f, indent=2, default=str)
     shutil.rmtree(tmp, ignore_errors=True)

@@ -444,11 +444,12 @@ def _steal_ms(steal, t0, t1) -> float | None:
 
 
 def classify(window_ns, lateness_ns, overlaps: dict, steal_ms, trace_ok: bool, own_ns: int,
-             timer_late_ns=None) -> tuple[str, dict]:
+             timer_late_ns=None, typical_ns=None) -> tuple[str, dict]:
     """A cause and the figures behind it for one late cycle. ``overlaps``: evidence in the window;
     ``own_ns``: the cycle's own work beyond its deadline share (0 when it woke late); ``timer_late_ns``:
     how late the core's first timer interrupt of the window came after the loop's wake-up timer was due
-    (None: none seen). The loop's own timer interrupts are not a cause: they are how it wakes."""
+    (None: none seen); ``typical_ns``: the run's median cycle time (own work far beyond it is not named).
+    The loop's own timer interrupts are not a cause: they are how it wakes."""
     overlaps = {k: v for k, v in overlaps.items() if k != ("vector", "local_timer")}
     foreign = {k: v for k, v in overlaps.items() if k[0] != "page fault"}
     faults = sum(v for k, v in overlaps.items() if k[0] == "page fault")
@@ -470,6 +471,12 @@ def classify(window_ns, lateness_ns, overlaps: dict, steal_ms, trace_ok: bool, o
     if faults:
         return "page fault", figures
     if own_ns > 0 and own_ns >= 0.5 * lateness_ns:
+        if typical_ns and own_ns > 5 * typical_ns:
+            # far longer than the loop's usual cycle, with nothing else on the core: a host stall inside the
+            # cycle looks exactly like this (no timer is due mid-cycle to show it), so it is not named
+            return "unknown", dict(figures, why=f"the loop held the core for {own_ns / max(typical_ns, 1):.0f}x its "
+                                                "median cycle time with nothing else seen: a host stall inside "
+                                                "the cycle, or a slow path of its own")
         return "own cycle work", figures
     if steal_ms:
         return "hypervisor", figures
@@ -498,6 +505,8 @@ def attribute(recorder: Recorder | None, arrays: dict, period_ns: int, deadline_
     cyc, flags = arrays["cycle"], arrays["flags"]
     tick, wake, ct = arrays["t_tick_ns"], arrays["wake_latency_ns"], arrays["cycle_time_ns"]
     miss_idx = np.flatnonzero(flags & 1)[:max_events]
+    infer = (flags & 64) != 0
+    typical = float(np.median(ct[infer])) if infer.any() else (float(np.median(ct)) if ct.size else None)
     # the worst wake-ups worth explaining: later than 10 us and 1 % of a period
     floor = max(10_000, period_ns // 100)
     wake_idx = [int(k) for k in np.argsort(np.where(wake >= 0, wake, -1))[::-1][:worst] if wake[k] >= floor]
@@ -528,7 +537,7 @@ def attribute(recorder: Recorder | None, arrays: dict, period_ns: int, deadline_
         # little past the window
         sm = _steal_ms(recorder.steal, t0 - 5_000_000, t1 + 10_000_000)
         cause, fig = classify(t1 - t0, late, ov, sm, trace_ok and (first_kept is None or t0 >= first_kept), own,
-                              timer_late)
+                              timer_late, typical)
         is_miss = bool(flags[i] & 1)
         # ticks the loop skipped after this cycle to catch up (each a miss the loop counted)
         skipped = max(0, int(round((int(tick[i + 1]) - int(tick[i])) / period_ns)) - 1) if i + 1 < tick.size else 0
