@@ -109,7 +109,7 @@ class Diagnostics(threading.Thread):
         if cycles > 0 and not self.ready_printed.is_set():
             eps, pol = self.endpoints, self.policy_info
             print(f"ready sensor={eps['sensor']} action={eps['action']} diagnostics={eps['diagnostics']} "
-                  f"control={eps['control']}"
+                  f"control={eps.get('control', '-')}"
                   + (f" policy={pol['kind']} n_actions={pol['n_actions']}" if pol else ""), flush=True)
             self.ready_printed.set()
         # the newest record may be mid-write: stop one short of it
@@ -270,7 +270,8 @@ class Node:
                                     "free port in [diagnostics] prometheus, or \"\" for off") from None
             if dg["attribution"] and loop_cpu is not None:
                 from control_node.diagnosis.attribution import Recorder
-                recorder = Recorder(loop_cpu, os.getpid(), tracing=dg["attribution_trace"]).start()
+                recorder = Recorder(loop_cpu, os.getpid(), tracing=dg["attribution_trace"], loop=loop,
+                                    floor_ns=max(10_000, period_ns // 100), spin_ns=int(spin_us * 1000)).start()
             started_at = time.strftime("%Y-%m-%dT%H:%M:%S%z")
             ru0 = resource.getrusage(resource.RUSAGE_THREAD)
             rt_session = setup_realtime(cfg["realtime"])

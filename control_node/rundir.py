@@ -52,6 +52,9 @@ RING_FIELDS = {
     # argmax: 0 or 1; -1: none) and the time it took after the publish (-1: no shadow ran)
     "policy": "int8", "shadow": "uint8", "shadow_dist": "float32", "shadow_ns": "int64",
 }
+# ring fields a run may lack (written since the policy lifecycle; older runs and hand-made ones have
+# none): their value for every cycle when absent
+RING_OPTIONAL = {"policy": 0, "shadow": 0, "shadow_dist": -1.0, "shadow_ns": -1}
 # the policy lifecycle (control_node.lifecycle): resident policies at most, the transitions the loop
 # records (code = index + 1), why (index), and the shadow's per-cycle verdict
 MAX_POLICIES = 8

@@ -149,7 +149,8 @@ def test_sigterm_writes_complete_run_dir(tmp_path, iris_model_path):
     for key in ("p50", "p90", "p99", "p999", "max"):
         assert key in summary["wake_latency_ns"]
     assert summary["stop"]["signal"] == "SIGTERM"
-    assert set(summary["rt"]) == {"cpu", "sched", "mlock", "gc", "cpu_dma_latency"}
+    assert set(summary["rt"]) == {"cpu", "sched", "mlock", "gc", "cpu_dma_latency", "isolation"}
+    assert summary["rt"]["isolation"]["requested"] is False
     arrays = np.load(tmp_path / "run1" / "cycles.npz")
     assert summary["cycles"] > 0
     assert len(arrays["cycle"]) == summary["cycles"]

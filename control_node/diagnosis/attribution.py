@@ -172,16 +172,35 @@ def _per_cpu_counts(path: str, cpu: int) -> dict | None:
     return out
 
 
+PRUNE_EVERY_S = 0.25
+HORIZON_NS = 50_000_000            # evidence older than the newest examined tick minus this is settled
+MARGIN_NS = 20_000_000             # evidence kept around a late cycle's window (steal: sampled every 5 ms)
+MAX_KEPT = 500_000                 # intervals kept for late cycles, at most (the rest: counted, dropped)
+
+
 class Recorder:
     """Collects the evidence for core ``cpu`` while the loop runs (``start`` before it, ``stop`` after).
-    ``loop_tid``: the loop thread. ``avoid_cpu``: the core the recorder's threads keep off (the loop's)."""
+    ``loop_tid``: the loop thread.
 
-    def __init__(self, cpu: int, loop_tid: int, tracing: bool = True):
+    With ``loop`` (the RtLoop), memory stays bounded however long the run: every 0.25 s the recorder
+    reads the cycles the loop finished since (its ring, as the diagnostics thread does), notes the
+    windows of the late ones (``floor_ns``: wake-ups later than this; and every miss), and of the
+    evidence older than the newest tick examined keeps only what lies near such a window."""
+
+    def __init__(self, cpu: int, loop_tid: int, tracing: bool = True, loop=None, floor_ns: int = 10_000,
+                 spin_ns: int = 0):
         self.cpu, self.loop_tid, self.tracing = cpu, loop_tid, tracing
+        self.loop, self.floor_ns, self.spin_ns = loop, floor_ns, spin_ns
         self.intervals = deque(maxlen=MAX_INTERVALS)
         self.dropped = 0
         self.evidence = {}
-        self.steal = []                 # (t_mono_ns, steal ticks, irq ticks, softirq ticks)
+        self.steal = deque()            # (t_mono_ns, steal ticks, irq ticks, softirq ticks)
+        self.kept, self.kept_steal = [], []     # settled evidence near late cycles
+        self.windows = []               # (t0, t1) of the late cycles examined, in time order
+        self.kept_dropped = 0
+        self._examined = 0              # cycles of the loop examined so far
+        self._prune_lock = threading.Lock()
+        self._last_prune = 0.0
         self._stop = threading.Event()
         self._threads = []
         self._instance = None
@@ -189,6 +208,64 @@ class Recorder:
         self.parser = TraceParser(loop_tid, self._sink)
         self.counts0 = {}
         self.stopped = False
+
+    def _near(self, a, b) -> bool:
+        """Does [a, b] come within MARGIN_NS of a late cycle's window?"""
+        import bisect
+        w = self.windows
+        i = bisect.bisect_right(w, (b + MARGIN_NS, float("inf")))
+        while i > 0:
+            i -= 1
+            t0, t1 = w[i]
+            if t1 + MARGIN_NS >= a:
+                return True
+            if t0 < a - 10 * HORIZON_NS:     # windows are short: none further back can reach
+                return False
+        return False
+
+    def prune(self, force=False):
+        """Examine the loop's newly finished cycles and settle the evidence before them."""
+        loop = self.loop
+        now = time.monotonic()
+        if loop is None or (not force and now - self._last_prune < PRUNE_EVERY_S):
+            return
+        if not self._prune_lock.acquire(blocking=False):
+            return
+        try:
+            self._last_prune = now
+            end = int(loop.cycles) - 2                  # the newest record may be mid-write
+            start = max(self._examined, end - int(loop.capacity) + 1)
+            if end <= start:
+                return
+            idx = np.arange(start, end) % int(loop.capacity)
+            ring = loop.ring
+            tick, wake = ring["t_tick_ns"][idx], ring["wake_latency_ns"][idx]
+            ct, flags = ring["cycle_time_ns"][idx], ring["flags"][idx]
+            for j in np.flatnonzero(((flags & 1) != 0) | (wake >= self.floor_ns)).tolist():
+                w = max(int(wake[j]), 0)
+                t0 = int(tick[j]) - self.spin_ns if w >= self.floor_ns else int(tick[j]) + w
+                self.windows.append((t0, int(tick[j]) + w + int(ct[j])))
+            self._examined = end
+            horizon = int(tick[-1]) - HORIZON_NS
+            while self.intervals and self.intervals[0][3] < horizon:
+                iv = self.intervals.popleft()
+                if self._near(iv[2], iv[3]):
+                    if len(self.kept) < MAX_KEPT:
+                        self.kept.append(iv)
+                    else:
+                        self.kept_dropped += 1
+            while self.steal and self.steal[0][0] < horizon - MARGIN_NS:
+                sm = self.steal.popleft()
+                if self._near(sm[0], sm[0]):
+                    self.kept_steal.append(sm)
+        finally:
+            self._prune_lock.release()
+
+    def all_intervals(self) -> list:
+        return self.kept + list(self.intervals)
+
+    def all_steal(self) -> list:
+        return sorted(self.kept_steal + list(self.steal))
 
     def _sink(self, item):
         if len(self.intervals) == self.intervals.maxlen:
@@ -242,6 +319,8 @@ class Recorder:
                     self._write(f"events/{name}/filter", f"common_pid == {self.loop_tid}")
                 if name == "sched/sched_wakeup":          # only wake-ups onto the loop's core matter
                     self._write(f"events/{name}/filter", f"target_cpu == {self.cpu}")
+                if name == "sched/sched_switch":          # the loop going to sleep, every cycle: no evidence
+                    self._write(f"events/{name}/filter", f"prev_pid != {self.loop_tid} || next_pid != 0")
                 self._write(f"events/{name}/enable", "1")
                 enabled.append(name)
             self._write("tracing_on", "1")
@@ -276,6 +355,7 @@ class Recorder:
                     *lines, buf = buf.split("\n")
                     for line in lines:
                         self.parser.feed(line)
+                    self.prune()
                     continue
                 if stopping:
                     break
@@ -320,6 +400,7 @@ class Recorder:
             f = _cpu_line(self.cpu)
             if f is not None and len(f) >= 8:
                 self.steal.append((time.monotonic_ns(), f[7], f[5], f[6]))
+            self.prune()
             self._stop.wait(STEAL_PERIOD_S)
 
     def start(self):
@@ -363,7 +444,8 @@ class Recorder:
             self.evidence["steal"]["run_total_ms"] = (b[7] - a[7]) * 1e3 / USER_HZ
         self.evidence["smi"] = smi_count(self.cpu)
         if "trace" in self.evidence and self.evidence["trace"].get("granted"):
-            self.evidence["trace"].update(lines=self.parser.lines, unparsed=self.parser.unparsed,
+            self.evidence["trace"].update(kept_near_late_cycles=len(self.kept), kept_dropped=self.kept_dropped,
+                                          lines=self.parser.lines, unparsed=self.parser.unparsed,
                                           switches_inferred=self.parser.inferred_switches,
                                           intervals_kept=len(self.intervals), intervals_dropped=self.dropped)
         return self
@@ -494,7 +576,8 @@ def attribute(recorder: Recorder | None, arrays: dict, period_ns: int, deadline_
         return {"enabled": False, "detail": "off ([diagnostics] attribution = false)"}
     ev = recorder.evidence
     trace_ok = bool((ev.get("trace") or {}).get("granted"))
-    intervals = list(recorder.intervals)
+    intervals = recorder.all_intervals()
+    steal = recorder.all_steal()
     if intervals:
         starts = np.fromiter((iv[2] for iv in intervals), dtype=np.int64, count=len(intervals))
         order = np.argsort(starts, kind="stable")
@@ -511,7 +594,6 @@ def attribute(recorder: Recorder | None, arrays: dict, period_ns: int, deadline_
     floor = max(10_000, period_ns // 100)
     wake_idx = [int(k) for k in np.argsort(np.where(wake >= 0, wake, -1))[::-1][:worst] if wake[k] >= floor]
     rows, totals, total_misses, late_ns = [], {}, 0, {}
-    first_kept = intervals[0][2] if intervals else None
     for i in sorted(set(miss_idx.tolist()) | set(wake_idx)):
         w, c, tk = max(int(wake[i]), 0), int(ct[i]), int(tick[i])
         # where the loop lost time: waking (from its timer being due to its wake-up), when it woke late,
@@ -535,8 +617,8 @@ def attribute(recorder: Recorder | None, arrays: dict, period_ns: int, deadline_
         own = 0 if woke_late else max(0, c - in_work)
         # steal is accounted at the next scheduler tick and sampled every 5 ms, in 10 ms units: look a
         # little past the window
-        sm = _steal_ms(recorder.steal, t0 - 5_000_000, t1 + 10_000_000)
-        cause, fig = classify(t1 - t0, late, ov, sm, trace_ok and (first_kept is None or t0 >= first_kept), own,
+        sm = _steal_ms(steal, t0 - 5_000_000, t1 + 10_000_000)
+        cause, fig = classify(t1 - t0, late, ov, sm, trace_ok, own,
                               timer_late, typical)
         is_miss = bool(flags[i] & 1)
         # ticks the loop skipped after this cycle to catch up (each a miss the loop counted)

@@ -94,10 +94,15 @@ def _read_npz(f: Path, spec: dict) -> dict:
     try:
         with np.load(f, allow_pickle=False) as z:
             names = set(z.files)
-            missing = [k for k in spec if k not in names]
+            missing = [k for k in spec if k not in names and k not in rundir.RING_OPTIONAL]
             if missing:
                 raise UserError(f"{f}: arrays missing: {', '.join(missing)}")
-            arrays = {k: np.asarray(z[k]) for k in spec}
+            arrays = {k: np.asarray(z[k]) for k in spec if k in names}
+        if arrays:           # fields an older run lacks: their "none" value for every cycle
+            n0 = next(iter(arrays.values())).shape[0]
+            for k in spec:
+                if k not in arrays:
+                    arrays[k] = np.full(n0, rundir.RING_OPTIONAL[k], dtype=rundir.RING_FIELDS[k])
     except UserError:
         raise
     except (OSError, ValueError, EOFError, zipfile.BadZipFile, KeyError) as e:
