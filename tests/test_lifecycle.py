@@ -360,13 +360,24 @@ def test_record_and_replay_follow_a_switch(tmp_path, iris_model_path):
     cfg = str(tmp_path / "node.toml")
     write_node_config(cfg, make_endpoint_dir())
     mcap = tmp_path / "rec.mcap"
-    with NodeProcess(cfg, iris_model_path, "--run-dir", tmp_path / "node"):
+    with NodeProcess(cfg, iris_model_path, "--run-dir", tmp_path / "node") as node1:
+        node_eps = node1.endpoints
         rec = start_recorder(cfg, mcap)
         sim = subprocess.Popen([sys.executable, "-m", "control_node", "sim", "gauss", "--duration", "4", "--noise",
                                 "0.3", "--seed", "3", "--tap", "--config", cfg, "--run-dir", str(tmp_path / "sim")],
                                cwd=CHILD_CWD, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                text=True)
-        time.sleep(1.5)
+        # switch mid-stream: once the node has acted on a good part of the simulator's frames
+        import msgpack
+        import zmq
+        diag = zmq.Context.instance().socket(zmq.SUB)
+        diag.setsockopt(zmq.SUBSCRIBE, b"")
+        diag.connect(node_eps["diagnostics"])
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if diag.poll(200) and msgpack.unpackb(diag.recv())["frames_valid"] >= 800:
+                break
+        diag.close(0)
         assert policy_cli(cfg, "load", "other", other)[0] == 0
         rc, rep = policy_cli(cfg, "activate", "other")
         assert rc == 0, rep

@@ -134,15 +134,21 @@ class TraceParser:
             self.sink((kind, began[0], began[1], t))
 
 
-def _cpu_line(cpu: int):
-    """The ``cpuN`` fields of /proc/stat (USER_HZ ticks), or None."""
+def _cpu_line(cpu: int, fd: int | None = None):
+    """The ``cpuN`` fields of /proc/stat (USER_HZ ticks), or None. ``fd``: /proc/stat kept open (read again
+    from offset 0: a sampler then holds one descriptor for the whole run)."""
     try:
-        with open("/proc/stat") as f:
-            for line in f:
-                if line.startswith(f"cpu{cpu} "):
-                    return [int(v) for v in line.split()[1:]]
+        if fd is None:
+            with open("/proc/stat", "rb") as f:
+                text = f.read()
+        else:
+            text = os.pread(fd, 1 << 16, 0)
     except OSError:
         return None
+    key = f"cpu{cpu} ".encode()
+    for line in text.split(b"\n"):
+        if line.startswith(key):
+            return [int(v) for v in line.split()[1:]]
     return None
 
 
@@ -175,7 +181,8 @@ def _per_cpu_counts(path: str, cpu: int) -> dict | None:
 PRUNE_EVERY_S = 0.25
 HORIZON_NS = 50_000_000            # evidence older than the newest examined tick minus this is settled
 MARGIN_NS = 20_000_000             # evidence kept around a late cycle's window (steal: sampled every 5 ms)
-MAX_KEPT = 500_000                 # intervals kept for late cycles, at most (the rest: counted, dropped)
+MAX_KEPT = 200_000                 # intervals kept for late cycles, at most (the rest: counted, dropped)
+MAX_WINDOWS = 5_000                # late cycles whose evidence is kept: misses first, then the worst wake-ups
 
 
 class Recorder:
@@ -198,6 +205,8 @@ class Recorder:
         self.kept, self.kept_steal = [], []     # settled evidence near late cycles
         self.windows = []               # (t0, t1) of the late cycles examined, in time order
         self.kept_dropped = 0
+        self.windows_dropped = 0
+        self._worst = []                # the 20 worst wake-ups examined (a min-heap)
         self._examined = 0              # cycles of the loop examined so far
         self._prune_lock = threading.Lock()
         self._last_prune = 0.0
@@ -243,6 +252,13 @@ class Recorder:
             ct, flags = ring["cycle_time_ns"][idx], ring["flags"][idx]
             for j in np.flatnonzero(((flags & 1) != 0) | (wake >= self.floor_ns)).tolist():
                 w = max(int(wake[j]), 0)
+                if len(self.windows) >= MAX_WINDOWS:
+                    # full: from now on only misses and wake-ups among the worst 20 seen
+                    if not (flags[j] & 1) and w <= self._worst_floor():
+                        continue
+                    if self._kept_windows_capped():
+                        continue
+                self._note_worst(w)
                 t0 = int(tick[j]) - self.spin_ns if w >= self.floor_ns else int(tick[j]) + w
                 self.windows.append((t0, int(tick[j]) + w + int(ct[j])))
             self._examined = end
@@ -260,6 +276,23 @@ class Recorder:
                     self.kept_steal.append(sm)
         finally:
             self._prune_lock.release()
+
+    def _note_worst(self, w):
+        import heapq
+        if len(self._worst) < 20:
+            heapq.heappush(self._worst, w)
+        elif w > self._worst[0]:
+            heapq.heapreplace(self._worst, w)
+
+    def _worst_floor(self):
+        return self._worst[0] if len(self._worst) >= 20 else -1
+
+    def _kept_windows_capped(self):
+        """Past 4 x MAX_WINDOWS late cycles nothing more is kept (counted in ``windows_dropped``)."""
+        if len(self.windows) >= 4 * MAX_WINDOWS:
+            self.windows_dropped += 1
+            return True
+        return False
 
     def all_intervals(self) -> list:
         return self.kept + list(self.intervals)
@@ -396,8 +429,18 @@ class Recorder:
 
     def _sample_steal(self):
         self._leave_core()
+        try:
+            fd = os.open("/proc/stat", os.O_RDONLY)
+        except OSError:
+            return
+        try:
+            self._steal_loop(fd)
+        finally:
+            os.close(fd)
+
+    def _steal_loop(self, fd):
         while not self._stop.is_set():
-            f = _cpu_line(self.cpu)
+            f = _cpu_line(self.cpu, fd)
             if f is not None and len(f) >= 8:
                 self.steal.append((time.monotonic_ns(), f[7], f[5], f[6]))
             self.prune()
@@ -445,6 +488,7 @@ class Recorder:
         self.evidence["smi"] = smi_count(self.cpu)
         if "trace" in self.evidence and self.evidence["trace"].get("granted"):
             self.evidence["trace"].update(kept_near_late_cycles=len(self.kept), kept_dropped=self.kept_dropped,
+                                          late_cycles_noted=len(self.windows), late_cycles_dropped=self.windows_dropped,
                                           lines=self.parser.lines, unparsed=self.parser.unparsed,
                                           switches_inferred=self.parser.inferred_switches,
                                           intervals_kept=len(self.intervals), intervals_dropped=self.dropped)
