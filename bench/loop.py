@@ -69,8 +69,8 @@ def run_cyclictest(duration, cpu, prio, tmp, interval_us=1000) -> dict:
     return row, lat_ns
 
 
-def write_config(tmp, extra=""):
-    """A node config on private ipc endpoints in ``tmp``: (path, endpoints)."""
+def write_config(tmp, extra="[diagnostics]\nattribution = true\n"):
+    """A node config on private ipc endpoints in ``tmp`` (with why-late attribution): (path, endpoints)."""
     path = os.path.join(tmp, "node.toml")
     return path, write_node_config(path, tmp, extra)
 

@@ -99,7 +99,7 @@ def node_run(tmp, tag, model, duration, n_features, extra="", during=None):
     d = os.path.join(tmp, tag)
     os.makedirs(d, mode=0o700, exist_ok=True)
     cfg = os.path.join(d, "node.toml")
-    write_node_config(cfg, d, "[watchdog]\nstale_after_ms = 50.0\n" + extra)
+    write_node_config(cfg, d, "[watchdog]\nstale_after_ms = 50.0\n[diagnostics]\nattribution = true\n" + extra)
     run_dir = os.path.join(d, "run")
     node = NodeProcess(cfg, model, "--quiet", "--duration", str(duration), "--run-dir", run_dir, ready_timeout=60)
     feeder = subprocess.Popen([sys.executable, "-m", "control_node.bench.peers.feeder", node.endpoints["sensor"],

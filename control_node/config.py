@@ -94,7 +94,9 @@ SCHEMA = {
     # why cycles were late (control_node.diagnosis.attribution): evidence about the loop's core, collected
     # beside the loop, matched to each miss and the worst wake-ups in summary.json "why_late"
     "diagnostics": {
-        "attribution": (True, bool, "true or false"),
+        # off by default: the recorder's trace parsing costs a few % of a core beside the loop, and its
+        # process memory still grows ~170 kB/s (being fixed); the demo configs turn it on
+        "attribution": (False, bool, "true or false"),
         "attribution_trace": (True, bool, "true or false (false: /proc evidence only, no tracefs)"),
         "attribution_events": (1000, int, "late cycles to explain, 1 to 100000"),
         # Prometheus metrics over HTTP (control_node.metrics): "" off, or "HOST:PORT"

@@ -220,7 +220,7 @@ def test_node_sigkill_recording_readable_and_restart_serves(tmp_path, iris_model
 
 
 def test_recorder_and_top_killed_node_does_not_notice(tmp_path, iris_model_path):
-    node, cfg = start_node(tmp_path, iris_model_path)
+    node, cfg = start_node(tmp_path, iris_model_path, extra="[diagnostics]\nattribution = true\n")
     sim = sim_popen(cfg, "--duration", 6, "--tap", "--run-dir", tmp_path / "sim", "--timeout", 30)
     rec = cli_popen("record", "--config", cfg, "--out", tmp_path / "rec.mcap")
     top = cli_popen("top", "--config", cfg)
@@ -243,7 +243,11 @@ def test_recorder_and_top_killed_node_does_not_notice(tmp_path, iris_model_path)
     summary, a = load_run(run_dir)
     after = a["t_tick_ns"] >= t_kill
     win = after & (a["t_tick_ns"] < t_kill + 500_000_000)
-    misses_near = int((a["flags"][win] & MISS).sum() // MISS)
+    # a host stall in that half second is not the kill's doing: leave out the misses the node's own
+    # attribution puts down to the hypervisor (its timer interrupt came late)
+    host = {e["cycle"] for e in summary["why_late"]["events"] if e["cause"] == "hypervisor"}
+    misses = a["cycle"][win & ((a["flags"] & MISS) != 0)]
+    misses_near = int(sum(1 for c in misses.tolist() if c not in host))
     print(f"after killing recorder+top: {int(after.sum())} cycles, {misses_near} misses in the next 0.5 s, "
           f"{summary['deadline_misses']} misses in the run, send_failures {summary['send_failures']}")
     assert after.sum() > 1000                                     # kept cycling (and publishing)

@@ -43,9 +43,16 @@ def _can_trace_and_fifo():
     return None
 
 
+def _with_attribution(extra):
+    """``extra`` TOML with [diagnostics] attribution = true (off by default)."""
+    if "[diagnostics]" in extra:
+        return extra.replace("[diagnostics]\n", "[diagnostics]\nattribution = true\n")
+    return extra + "[diagnostics]\nattribution = true\n"
+
+
 def fed_node(tmp_path, model, extra, duration):
     """A node for ``duration`` s fed at 1 kHz by the benchmark feeder (6 features)."""
-    node, cfg = start_node(tmp_path, model, extra="[watchdog]\nstale_after_ms = 200.0\n" + extra,
+    node, cfg = start_node(tmp_path, model, extra="[watchdog]\nstale_after_ms = 200.0\n" + _with_attribution(extra),
                            args=("--duration", duration))
     feeder = subprocess.Popen([sys.executable, "-m", "control_node.bench.peers.feeder", node.endpoints["sensor"],
                                "1000", str(duration + 3), "6"], cwd=CHILD_CWD)

@@ -181,8 +181,30 @@ def _per_cpu_counts(path: str, cpu: int) -> dict | None:
 PRUNE_EVERY_S = 0.25
 HORIZON_NS = 50_000_000            # evidence older than the newest examined tick minus this is settled
 MARGIN_NS = 20_000_000             # evidence kept around a late cycle's window (steal: sampled every 5 ms)
-MAX_KEPT = 200_000                 # intervals kept for late cycles, at most (the rest: counted, dropped)
+MAX_KEPT = 100_000                 # intervals kept for late cycles, at most (the rest: counted, dropped)
 MAX_WINDOWS = 5_000                # late cycles whose evidence is kept: misses first, then the worst wake-ups
+MAX_KEPT_STEAL = 20_000
+
+
+class _Store:
+    """Fixed-size columns for settled evidence, allocated (and touched) once at start: the node's memory
+    does not grow with the run however much it keeps."""
+
+    def __init__(self, capacity: int, width: int):
+        self.a = np.zeros((capacity, width), dtype=np.int64)
+        self.a.fill(1)
+        self.a.fill(0)
+        self.n = 0
+
+    def add(self, *row) -> bool:
+        if self.n >= self.a.shape[0]:
+            return False
+        self.a[self.n] = row
+        self.n += 1
+        return True
+
+    def rows(self):
+        return self.a[:self.n]
 
 
 class Recorder:
@@ -202,8 +224,11 @@ class Recorder:
         self.dropped = 0
         self.evidence = {}
         self.steal = deque()            # (t_mono_ns, steal ticks, irq ticks, softirq ticks)
-        self.kept, self.kept_steal = [], []     # settled evidence near late cycles
-        self.windows = []               # (t0, t1) of the late cycles examined, in time order
+        # settled evidence near late cycles: intervals (kind, name id, t0, t1), steal samples, windows (t0, t1)
+        self.kept = _Store(MAX_KEPT, 4)
+        self.kept_steal = _Store(MAX_KEPT_STEAL, 4)
+        self.windows = _Store(4 * MAX_WINDOWS, 2)
+        self._names, self._name_list = {}, []
         self.kept_dropped = 0
         self.windows_dropped = 0
         self._worst = []                # the 20 worst wake-ups examined (a min-heap)
@@ -220,12 +245,11 @@ class Recorder:
 
     def _near(self, a, b) -> bool:
         """Does [a, b] come within MARGIN_NS of a late cycle's window?"""
-        import bisect
-        w = self.windows
-        i = bisect.bisect_right(w, (b + MARGIN_NS, float("inf")))
+        w = self.windows.rows()
+        i = int(np.searchsorted(w[:, 0], b + MARGIN_NS, side="right"))
         while i > 0:
             i -= 1
-            t0, t1 = w[i]
+            t0, t1 = int(w[i, 0]), int(w[i, 1])
             if t1 + MARGIN_NS >= a:
                 return True
             if t0 < a - 10 * HORIZON_NS:     # windows are short: none further back can reach
@@ -252,7 +276,7 @@ class Recorder:
             ct, flags = ring["cycle_time_ns"][idx], ring["flags"][idx]
             for j in np.flatnonzero(((flags & 1) != 0) | (wake >= self.floor_ns)).tolist():
                 w = max(int(wake[j]), 0)
-                if len(self.windows) >= MAX_WINDOWS:
+                if self.windows.n >= MAX_WINDOWS:
                     # full: from now on only misses and wake-ups among the worst 20 seen
                     if not (flags[j] & 1) and w <= self._worst_floor():
                         continue
@@ -260,20 +284,23 @@ class Recorder:
                         continue
                 self._note_worst(w)
                 t0 = int(tick[j]) - self.spin_ns if w >= self.floor_ns else int(tick[j]) + w
-                self.windows.append((t0, int(tick[j]) + w + int(ct[j])))
+                self.windows.add(t0, int(tick[j]) + w + int(ct[j]))
             self._examined = end
             horizon = int(tick[-1]) - HORIZON_NS
             while self.intervals and self.intervals[0][3] < horizon:
                 iv = self.intervals.popleft()
                 if self._near(iv[2], iv[3]):
-                    if len(self.kept) < MAX_KEPT:
-                        self.kept.append(iv)
-                    else:
+                    key = (iv[0], iv[1])
+                    nid = self._names.get(key)
+                    if nid is None:
+                        nid = self._names[key] = len(self._name_list)
+                        self._name_list.append(key)
+                    if not self.kept.add(0, nid, iv[2], iv[3]):
                         self.kept_dropped += 1
             while self.steal and self.steal[0][0] < horizon - MARGIN_NS:
                 sm = self.steal.popleft()
                 if self._near(sm[0], sm[0]):
-                    self.kept_steal.append(sm)
+                    self.kept_steal.add(*sm)
         finally:
             self._prune_lock.release()
 
@@ -289,16 +316,17 @@ class Recorder:
 
     def _kept_windows_capped(self):
         """Past 4 x MAX_WINDOWS late cycles nothing more is kept (counted in ``windows_dropped``)."""
-        if len(self.windows) >= 4 * MAX_WINDOWS:
+        if self.windows.n >= 4 * MAX_WINDOWS:
             self.windows_dropped += 1
             return True
         return False
 
     def all_intervals(self) -> list:
-        return self.kept + list(self.intervals)
+        kept = [(*self._name_list[int(nid)], int(t0), int(t1)) for _k, nid, t0, t1 in self.kept.rows()]
+        return kept + list(self.intervals)
 
     def all_steal(self) -> list:
-        return sorted(self.kept_steal + list(self.steal))
+        return sorted([tuple(int(v) for v in r) for r in self.kept_steal.rows()] + list(self.steal))
 
     def _sink(self, item):
         if len(self.intervals) == self.intervals.maxlen:
@@ -487,8 +515,8 @@ class Recorder:
             self.evidence["steal"]["run_total_ms"] = (b[7] - a[7]) * 1e3 / USER_HZ
         self.evidence["smi"] = smi_count(self.cpu)
         if "trace" in self.evidence and self.evidence["trace"].get("granted"):
-            self.evidence["trace"].update(kept_near_late_cycles=len(self.kept), kept_dropped=self.kept_dropped,
-                                          late_cycles_noted=len(self.windows), late_cycles_dropped=self.windows_dropped,
+            self.evidence["trace"].update(kept_near_late_cycles=self.kept.n, kept_dropped=self.kept_dropped,
+                                          late_cycles_noted=self.windows.n, late_cycles_dropped=self.windows_dropped,
                                           lines=self.parser.lines, unparsed=self.parser.unparsed,
                                           switches_inferred=self.parser.inferred_switches,
                                           intervals_kept=len(self.intervals), intervals_dropped=self.dropped)
