@@ -130,6 +130,10 @@ def soak(duration, interval, warmup, model=None, keep=None, rate=1000.0, log=pri
             k: sim_summary.get(k) for k in ("frames_sent", "frames_answered", "actions_lost", "safe_actions",
                                             "accuracy", "round_trip_ns")},
         "hot_path_allocations": "none: tests/test_loop_core.py::test_hot_path_allocates_nothing_over_100k_cycles",
+        # what the why-late recorder (on by default) cost, and what it said
+        "why_late": {"enabled": (ns.get("why_late") or {}).get("enabled", False),
+                     "recorder_cost": ((ns.get("why_late") or {}).get("evidence") or {}).get("recorder_cost"),
+                     "text": (ns.get("why_late") or {}).get("text")},
         "samples": samples,
     }
     if keep is None:
@@ -165,6 +169,15 @@ def print_report(r):
         ["sim accuracy", f"{sim.get('accuracy')}"],
         ["hot-path allocations", "none (tests/test_loop_core.py, 100k cycles, tracemalloc)"],
     ]
+    wl = r.get("why_late") or {}
+    cost = wl.get("recorder_cost") or {}
+    if wl.get("enabled"):
+        share = cost.get("share_of_one_core")
+        rows.append(["why-late recorder CPU", "n/a" if share is None else
+                     f"{100 * share:.1f}% of one core ({', '.join(f'{k} {v:.2f} s' for k, v in cost['threads_cpu_s'].items())})"])
+        rows.append(["why late", wl.get("text") or ""])
+    else:
+        rows.append(["why-late recorder", "off"])
     print_table(f"soak: {r['duration_s']:g} s, {r['n_samples']} samples every {r['sample_interval_s']:g} s, "
                 f"warm-up {r['warmup_s']:g} s", ["", "value"], rows)
 

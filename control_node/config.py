@@ -94,9 +94,9 @@ SCHEMA = {
     # why cycles were late (control_node.diagnosis.attribution): evidence about the loop's core, collected
     # beside the loop, matched to each miss and the worst wake-ups in summary.json "why_late"
     "diagnostics": {
-        # off by default: the recorder's trace parsing costs a few % of a core beside the loop, and its
-        # process memory still grows ~170 kB/s (being fixed); the demo configs turn it on
-        "attribution": (False, bool, "true or false"),
+        # the recorder runs on the other cores (about a tenth of one for its trace parsing, measured on
+        # this 2-vCPU machine kind: docs/reports.md); false turns it off
+        "attribution": (True, bool, "true or false"),
         "attribution_trace": (True, bool, "true or false (false: /proc evidence only, no tracefs)"),
         "attribution_events": (1000, int, "late cycles to explain, 1 to 100000"),
         # Prometheus metrics over HTTP (control_node.metrics): "" off, or "HOST:PORT"

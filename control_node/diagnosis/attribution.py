@@ -24,6 +24,7 @@ from __future__ import annotations
 import errno
 import os
 import re
+import resource
 import threading
 import time
 from collections import deque
@@ -125,6 +126,12 @@ class TraceParser:
             if pid == self.loop_tid:
                 self.sink(("page fault", ev.removeprefix("page_fault_"), t, t))
 
+    def forget(self):
+        """Trace text was left out here: what held the core, and open interrupts, are not known."""
+        self.running, self.last_t = None, None
+        self.open.clear()
+        self.woken.clear()
+
     def _pair(self, kind, key, name, entry, t):
         if entry:
             self.open[(kind, key)] = (name, t)
@@ -134,22 +141,27 @@ class TraceParser:
             self.sink((kind, began[0], began[1], t))
 
 
-def _cpu_line(cpu: int, fd: int | None = None):
-    """The ``cpuN`` fields of /proc/stat (USER_HZ ticks), or None. ``fd``: /proc/stat kept open (read again
-    from offset 0: a sampler then holds one descriptor for the whole run)."""
+def _cpu_line(cpu: int, fd: int | None = None, buf: bytearray | None = None):
+    """The ``cpuN`` fields of /proc/stat (USER_HZ ticks), or None. ``fd`` and ``buf``: /proc/stat kept open
+    and read again from offset 0 into a buffer allocated once: a sampler running every 5 ms then holds one
+    descriptor and makes no large allocation (a fresh 64 kB read each time fragments the C heap, and under
+    mlockall every page the heap grows by stays resident)."""
+    key = f"cpu{cpu} ".encode()
     try:
         if fd is None:
             with open("/proc/stat", "rb") as f:
                 text = f.read()
+            n = len(text)
         else:
-            text = os.pread(fd, 1 << 16, 0)
+            n = os.preadv(fd, [buf], 0)
+            text = buf
     except OSError:
         return None
-    key = f"cpu{cpu} ".encode()
-    for line in text.split(b"\n"):
-        if line.startswith(key):
-            return [int(v) for v in line.split()[1:]]
-    return None
+    at = 0 if text.startswith(key) else text.find(b"\n" + key, 0, n) + 1
+    if at == 0 and not text.startswith(key):
+        return None
+    stop = text.find(b"\n", at, n)
+    return [int(v) for v in text[at:stop if stop >= 0 else n].split()[1:]]
 
 
 def _per_cpu_counts(path: str, cpu: int) -> dict | None:
@@ -207,6 +219,65 @@ class _Store:
         return self.a[:self.n]
 
 
+SLOT_BYTES = 1 << 16
+N_SLOTS = 64                       # 4 MB of raw trace text held until the late cycles near it are known
+_TS = re.compile(rb"\s(\d+)\.(\d+): ")
+
+
+def _ts_ns(buf, a: int, b: int) -> int:
+    """The timestamp (ns) of the trace line starting at ``a`` (up to ``b``), or -1."""
+    m = _TS.search(buf, a, b)
+    return int(m.group(1)) * 1_000_000_000 + int(m.group(2).ljust(9, b"0")[:9]) if m else -1
+
+
+class _RawTrace:
+    """Raw ``trace_pipe`` text held in fixed slots (allocated and touched once) until the loop's ring
+    says whether a late cycle lies near it: only the text near one is parsed. Parsing every line in Python
+    took ~15% of a core at ~10 000 lines/s; the late cycles' neighbourhoods are a small part of a run.
+    Each slot holds whole lines of one read, with the time of its first and last line."""
+
+    def __init__(self):
+        self.buf = bytearray(N_SLOTS * SLOT_BYTES)
+        self.buf[:] = b"\n" * len(self.buf)
+        self.view = memoryview(self.buf)
+        self.n = np.zeros(N_SLOTS, dtype=np.int64)
+        self.t0 = np.zeros(N_SLOTS, dtype=np.int64)
+        self.t1 = np.zeros(N_SLOTS, dtype=np.int64)
+        self.queue = deque()                # slots filled, oldest first
+        self.free = deque(range(N_SLOTS))
+        self.cur, self.held = self.free.popleft(), 0     # the slot being filled; bytes of a partial line
+        self.overlong = 0
+
+    def read(self, fd: int) -> int:
+        """One ``read`` of ``fd`` into the current slot (a free one must exist); returns bytes read."""
+        base = self.cur * SLOT_BYTES
+        n = os.readv(fd, [self.view[base + self.held:base + SLOT_BYTES]])
+        if n <= 0:
+            return 0
+        end = base + self.held + n
+        last = self.buf.rfind(b"\n", base, end)
+        if last < 0:
+            self.held += n
+            if self.held == SLOT_BYTES:            # one line longer than a slot: not a trace line
+                self.overlong += 1
+                self.held = 0
+            return n
+        k = self.cur
+        self.n[k] = last + 1 - base
+        self.t0[k] = _ts_ns(self.buf, base, last)
+        self.t1[k] = _ts_ns(self.buf, self.buf.rfind(b"\n", base, last) + 1 or base, last)
+        if self.t0[k] < 0 or self.t1[k] < 0:
+            self.t0[k] = -1
+        self.queue.append(k)
+        tail = end - (last + 1)
+        self.cur = self.free.popleft()              # the reader settles a slot first when none is free
+        nb = self.cur * SLOT_BYTES
+        if tail:
+            self.view[nb:nb + tail] = self.buf[last + 1:end]
+        self.held = tail
+        return n
+
+
 class Recorder:
     """Collects the evidence for core ``cpu`` while the loop runs (``start`` before it, ``stop`` after).
     ``loop_tid``: the loop thread.
@@ -240,8 +311,13 @@ class Recorder:
         self._instance = None
         self._mounted = False
         self.parser = TraceParser(loop_tid, self._sink)
+        self._raw = None
+        self._examined_tick = -(1 << 62)   # the newest tick of the ring examined so far
+        self.lines_skipped = 0
         self.counts0 = {}
         self.stopped = False
+        self.thread_cpu_s = {}
+        self._t_start = None
 
     def _near(self, a, b) -> bool:
         """Does [a, b] come within MARGIN_NS of a late cycle's window?"""
@@ -286,6 +362,7 @@ class Recorder:
                 t0 = int(tick[j]) - self.spin_ns if w >= self.floor_ns else int(tick[j]) + w
                 self.windows.add(t0, int(tick[j]) + w + int(ct[j]))
             self._examined = end
+            self._examined_tick = int(tick[-1])
             horizon = int(tick[-1]) - HORIZON_NS
             while self.intervals and self.intervals[0][3] < horizon:
                 iv = self.intervals.popleft()
@@ -378,8 +455,9 @@ class Recorder:
                     continue
                 if name.startswith("exceptions/"):
                     self._write(f"events/{name}/filter", f"common_pid == {self.loop_tid}")
-                if name == "sched/sched_wakeup":          # only wake-ups onto the loop's core matter
-                    self._write(f"events/{name}/filter", f"target_cpu == {self.cpu}")
+                if name == "sched/sched_wakeup":          # wake-ups of other tasks onto the loop's core (the
+                    # loop's own, every cycle, are no evidence)
+                    self._write(f"events/{name}/filter", f"target_cpu == {self.cpu} && pid != {self.loop_tid}")
                 if name == "sched/sched_switch":          # the loop going to sleep, every cycle: no evidence
                     self._write(f"events/{name}/filter", f"prev_pid != {self.loop_tid} || next_pid != 0")
                 self._write(f"events/{name}/enable", "1")
@@ -391,7 +469,7 @@ class Recorder:
             return
         ev["trace"] = {"granted": True, "detail": f"tracefs instance {inst} (trace clock mono, core {self.cpu})",
                        "mounted_by_node": self._mounted, "events": enabled, "events_missing": missing}
-        t = threading.Thread(target=self._read_trace, name="cn-why-trace", daemon=True)
+        t = threading.Thread(target=self._timed, args=(self._read_trace,), name="cn-why-trace", daemon=True)
         self._threads.append(t)
         t.start()
 
@@ -403,26 +481,50 @@ class Recorder:
         except OSError as e:
             self.evidence["trace"].update(granted=False, detail=f"cannot read {path}: {e.strerror or e}")
             return
-        buf = ""
+        raw = self._raw = _RawTrace()
         try:
             while True:
                 stopping = self._stop.is_set()      # read once more after it is set: the trace is drained
+                if not raw.free:
+                    self._settle()                   # full: the oldest slot is parsed undecided
                 try:
-                    chunk = os.read(fd, 1 << 16)
+                    n = raw.read(fd)
                 except BlockingIOError:
-                    chunk = b""
-                if chunk:
-                    buf += chunk.decode("utf-8", "replace")
-                    *lines, buf = buf.split("\n")
-                    for line in lines:
-                        self.parser.feed(line)
+                    n = 0
+                if n:
                     self.prune()
+                    self._settle()
                     continue
                 if stopping:
                     break
                 self._stop.wait(0.02)            # poll(): trace_pipe wakes readers only at buffer_percent
         finally:
             os.close(fd)
+
+    def _settle(self, final: bool = False):
+        """Hand the raw trace slots whose fate is known to the parser: parsed when a late cycle's window
+        comes within MARGIN_NS of them (or none can be known: no loop, no timestamp, or no slot free),
+        else dropped, counted in ``lines_skipped``. ``final``: the loop has ended, every window is known."""
+        raw = self._raw
+        while raw.queue:
+            k = raw.queue[0]
+            t0, t1 = int(raw.t0[k]), int(raw.t1[k])
+            decided = final or self.loop is None or t1 + MARGIN_NS < self._examined_tick
+            if not decided and raw.free:
+                break
+            raw.queue.popleft()
+            a, b = k * SLOT_BYTES, k * SLOT_BYTES + int(raw.n[k])
+            if not decided or self.loop is None or t0 < 0 or self._near(t0, t1):
+                buf, feed = raw.buf, self.parser.feed
+                nl = buf.find(b"\n", a, b)
+                while nl >= 0:
+                    feed(buf[a:nl].decode("utf-8", "replace"))
+                    a = nl + 1
+                    nl = buf.find(b"\n", a, b)
+            else:
+                self.parser.forget()
+                self.lines_skipped += raw.buf.count(b"\n", a, b)
+            raw.free.append(k)
 
     def _remove_instance(self):
         if self._instance:
@@ -462,19 +564,29 @@ class Recorder:
         except OSError:
             return
         try:
-            self._steal_loop(fd)
+            self._steal_loop(fd, bytearray(1 << 16))
         finally:
             os.close(fd)
 
-    def _steal_loop(self, fd):
+    def _steal_loop(self, fd, buf):
         while not self._stop.is_set():
-            f = _cpu_line(self.cpu, fd)
+            f = _cpu_line(self.cpu, fd, buf)
             if f is not None and len(f) >= 8:
                 self.steal.append((time.monotonic_ns(), f[7], f[5], f[6]))
             self.prune()
             self._stop.wait(STEAL_PERIOD_S)
 
+    def _timed(self, work):
+        """Run a recorder thread's ``work`` and note the CPU time it took: every run says what its
+        evidence cost."""
+        try:
+            work()
+        finally:
+            ru = resource.getrusage(resource.RUSAGE_THREAD)
+            self.thread_cpu_s[threading.current_thread().name] = round(ru.ru_utime + ru.ru_stime, 3)
+
     def start(self):
+        self._t_start = time.monotonic()
         self.counts0 = {"interrupts": _per_cpu_counts("/proc/interrupts", self.cpu),
                         "softirqs": _per_cpu_counts("/proc/softirqs", self.cpu), "stat": _cpu_line(self.cpu)}
         if self.counts0["stat"] is None or len(self.counts0["stat"]) < 8:
@@ -482,7 +594,7 @@ class Recorder:
         else:
             self.evidence["steal"] = {"granted": True, "detail": f"/proc/stat cpu{self.cpu} every "
                                                                  f"{STEAL_PERIOD_S * 1e3:g} ms (unit {1e3 / USER_HZ:g} ms)"}
-            t = threading.Thread(target=self._sample_steal, name="cn-why-steal", daemon=True)
+            t = threading.Thread(target=self._timed, args=(self._sample_steal,), name="cn-why-steal", daemon=True)
             self._threads.append(t)
             t.start()
         self._start_trace()
@@ -500,6 +612,9 @@ class Recorder:
         for t in self._threads:
             t.join(timeout=5)
         self._remove_instance()
+        if self._raw is not None and not any(t.is_alive() for t in self._threads):
+            self.prune(force=True)                    # the loop's last cycles: every late window is known
+            self._settle(final=True)
         end = {"interrupts": _per_cpu_counts("/proc/interrupts", self.cpu),
                "softirqs": _per_cpu_counts("/proc/softirqs", self.cpu), "stat": _cpu_line(self.cpu)}
         for key in ("interrupts", "softirqs"):
@@ -514,10 +629,15 @@ class Recorder:
         if a and b and len(a) >= 8 and len(b) >= 8:
             self.evidence["steal"]["run_total_ms"] = (b[7] - a[7]) * 1e3 / USER_HZ
         self.evidence["smi"] = smi_count(self.cpu)
+        wall = time.monotonic() - self._t_start if self._t_start is not None else 0.0
+        self.evidence["recorder_cost"] = {
+            "threads_cpu_s": dict(self.thread_cpu_s), "wall_s": round(wall, 3),
+            "share_of_one_core": round(sum(self.thread_cpu_s.values()) / wall, 4) if wall > 0 else None}
         if "trace" in self.evidence and self.evidence["trace"].get("granted"):
             self.evidence["trace"].update(kept_near_late_cycles=self.kept.n, kept_dropped=self.kept_dropped,
                                           late_cycles_noted=self.windows.n, late_cycles_dropped=self.windows_dropped,
                                           lines=self.parser.lines, unparsed=self.parser.unparsed,
+                                          lines_skipped_far_from_late_cycles=self.lines_skipped,
                                           switches_inferred=self.parser.inferred_switches,
                                           intervals_kept=len(self.intervals), intervals_dropped=self.dropped)
         return self

@@ -319,11 +319,14 @@ def why_late_rows(wl: dict | None, n: int = 12) -> list[list[str]]:
 
 
 def why_late_evidence_line(wl: dict | None) -> str:
-    """``evidence: trace granted (tracefs instance ...), steal granted, smi not granted (...)``."""
+    """``evidence: trace granted, steal granted, smi not granted (...), collecting it took 9.8% of one core``."""
     ev = (wl or {}).get("evidence") or {}
     parts = []
     for k, v in ev.items():
         if isinstance(v, dict) and "granted" in v:
             parts.append(f"{k} {'granted' if v['granted'] else 'not granted'}" + ("" if v["granted"] else
                                                                                     f" ({v.get('detail')})"))
+    cost = ev.get("recorder_cost") or {}
+    if cost.get("share_of_one_core") is not None:
+        parts.append(f"collecting it took {100 * cost['share_of_one_core']:.1f}% of one core")
     return "evidence: " + ", ".join(parts) if parts else ""
