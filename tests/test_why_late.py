@@ -14,18 +14,25 @@ from nodeutil import load_run, start_node
 from control_node.bench.harness import CHILD_CWD
 
 INTERFERER = r"""
-import ctypes, json, os, sys, time
-cpu, duration, burst_ms, every_s = int(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
-ctypes.CDLL(None).prctl(15, b"cn-interferer", 0, 0, 0)         # PR_SET_NAME: the name the trace shows
+import ctypes, json, mmap, os, sys, time
+cpu, duration, burst_ms, every_s, mode = (int(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3]),
+                                          float(sys.argv[4]), sys.argv[5])
+ctypes.CDLL(None).prctl(15, f"cn-{mode}".encode(), 0, 0, 0)      # PR_SET_NAME: the name the trace shows
 os.sched_setaffinity(0, {cpu})
 os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(90))     # above the node's loop (80)
 print("ready", flush=True)
 bursts, end = [], time.monotonic() + duration
+faults = 0
 time.sleep(0.5)
 while time.monotonic() < end:
     t0 = time.monotonic_ns()
     while time.monotonic_ns() - t0 < burst_ms * 1e6:
-        pass
+        if mode == "faulter":                  # fresh anonymous pages: every first touch is a page fault
+            m = mmap.mmap(-1, 1 << 20)
+            for off in range(0, 1 << 20, 4096):
+                m[off] = 1
+            m.close()
+            faults += 256
     bursts.append((t0, time.monotonic_ns()))
     time.sleep(every_s)
 # leave the core before the interpreter's teardown, which would be one more burst at priority 90
@@ -60,13 +67,13 @@ def fed_node(tmp_path, model, extra, duration):
     return node, feeder
 
 
-@pytest.mark.skipif(_can_trace_and_fifo() is not None, reason=str(_can_trace_and_fifo()))
-def test_a_task_holding_the_loop_core_is_named(tmp_path, continuous_f64_model_path):
-    """An interferer (SCHED_FIFO 90, pinned to the loop's core) spins 4 ms every 250 ms: every burst makes a
-    miss, the node names `task cn-interferer` for it from the trace, and names it for no other miss."""
-    node, feeder = fed_node(tmp_path, continuous_f64_model_path, "", 5)
+def _with_interferer(tmp_path, model, mode):
+    """A fed node for 5 s with an interferer (SCHED_FIFO 90, pinned to the loop's core) that, every 250 ms,
+    spins (``mode="interferer"``) or faults fresh pages in (``"faulter"``) for 4 ms. Returns (why_late,
+    the bursts as (t0, t1) ns, {cycle: tick ns})."""
+    node, feeder = fed_node(tmp_path, model, "", 5)
     cpu = max(os.sched_getaffinity(0))              # [realtime] cpu = "last"
-    intr = subprocess.Popen([sys.executable, "-c", INTERFERER, str(cpu), "3.5", "4", "0.25"],
+    intr = subprocess.Popen([sys.executable, "-c", INTERFERER, str(cpu), "3.5", "4", "0.25", mode],
                             stdout=subprocess.PIPE, text=True)
     try:
         assert intr.stdout.readline().strip() == "ready"
@@ -81,8 +88,13 @@ def test_a_task_holding_the_loop_core_is_named(tmp_path, continuous_f64_model_pa
     w = summary["why_late"]
     assert w["enabled"] and w["evidence"]["trace"]["granted"], w["evidence"]
     assert len(bursts) >= 8
-    named = [e for e in w["events"] if e["cause"] == "task cn-interferer"]
-    tick = dict(zip(arrays["cycle"].tolist(), arrays["t_tick_ns"].tolist()))
+    return w, bursts, dict(zip(arrays["cycle"].tolist(), arrays["t_tick_ns"].tolist()))
+
+
+def _named_for_the_bursts(w, bursts, tick, cause):
+    """The misses named ``cause`` cover >= 80 % of the bursts, and no event outside a burst has it.
+    Returns those misses."""
+    named = [e for e in w["events"] if e["cause"] == cause]
 
     def overlaps(e, burst):
         """The event's window (from its tick to its publish) overlaps the burst."""
@@ -93,9 +105,173 @@ def test_a_task_holding_the_loop_core_is_named(tmp_path, continuous_f64_model_pa
     assert len(hit) >= 0.8 * len(bursts), (len(hit), len(bursts), w["text"])      # recall
     stray = [e for e in named if not any(overlaps(e, b) for b in bursts)]
     assert not stray, (stray, [(tick[e["cycle"]] - b[0]) / 1e6 for e in stray for b in bursts])   # precision
-    assert all(e["seen"]["task cn-interferer"] >= 1000 for e in named if e["miss"]), [e for e in named if e["miss"]]   # >= 1 ms of it in each miss
-    assert w["misses_by_cause"]["task cn-interferer"] >= len(hit)
-    assert "task cn-interferer" in w["text"]
+    assert w["misses_by_cause"][cause] >= len(hit)
+    assert cause in w["text"]
+    return [e for e in named if e["miss"]]
+
+
+@pytest.mark.skipif(_can_trace_and_fifo() is not None, reason=str(_can_trace_and_fifo()))
+def test_a_task_holding_the_loop_core_is_named(tmp_path, continuous_f64_model_path):
+    """A task spinning 4 ms every 250 ms above the loop on its core: every burst makes a miss, the node
+    names `task cn-interferer` for it from the trace, and names it for no other miss."""
+    w, bursts, tick = _with_interferer(tmp_path, continuous_f64_model_path, "interferer")
+    misses = _named_for_the_bursts(w, bursts, tick, "task cn-interferer")
+    assert all(e["seen"]["task cn-interferer"] >= 1000 for e in misses), misses   # >= 1 ms of it in each miss
+
+
+@pytest.mark.skipif(_can_trace_and_fifo() is not None, reason=str(_can_trace_and_fifo()))
+def test_a_page_fault_storm_on_the_loop_core_is_named(tmp_path, continuous_f64_model_path):
+    """A task faulting fresh pages in for 4 ms every 250 ms above the loop on its core: the node names
+    `page faults in task cn-faulter` (not just the task), with the faults it counted in each window."""
+    w, bursts, tick = _with_interferer(tmp_path, continuous_f64_model_path, "faulter")
+    misses = _named_for_the_bursts(w, bursts, tick, "page faults in task cn-faulter")
+    print(w["text"], misses[0])
+    for e in misses:
+        held_us = e["seen"]["task cn-faulter"]
+        assert held_us >= 1000 and e["page_faults_of_tasks"]["cn-faulter"] * 10 >= held_us, e
+
+
+DISK_READER = r"""
+import json, mmap, os, random, sys, time
+path, cpu, bursts_n, burst_s, every_s = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5])
+os.sched_setaffinity(0, {cpu})                  # the reader is not on the loop's core: only its interrupts are
+fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+buf = mmap.mmap(-1, 1 << 20)
+size = os.fstat(fd).st_size >> 20
+print("ready", flush=True)
+time.sleep(0.5)
+bursts = []
+for _ in range(bursts_n):
+    t0 = time.monotonic_ns()
+    while time.monotonic_ns() - t0 < burst_s * 1e9:
+        os.preadv(fd, [buf], random.randrange(0, size) << 20)      # 1 MB, past the page cache
+    bursts.append((t0, time.monotonic_ns()))
+    time.sleep(every_s)
+print(json.dumps(bursts), flush=True)
+"""
+
+
+def _irq_counts():
+    """{irq number: total count} from /proc/interrupts (numbered lines only)."""
+    out = {}
+    for line in open("/proc/interrupts").read().splitlines()[1:]:
+        head, _, rest = line.partition(":")
+        if head.strip().isdigit():
+            out[int(head)] = sum(int(v) for v in rest.split() if v.isdigit())
+    return out
+
+
+def _disk_irq(path):
+    """The interrupt that completes O_DIRECT reads of ``path``, found by reading: (number, name) or None."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+    import mmap
+    buf = mmap.mmap(-1, 1 << 20)
+    try:
+        before = _irq_counts()
+        for i in range(64):
+            os.preadv(fd, [buf], i << 20)
+        after = _irq_counts()
+    finally:
+        os.close(fd)
+    grew = sorted(((after[k] - before.get(k, 0), k) for k in after), reverse=True)
+    if not grew or grew[0][0] < 32:
+        return None
+    irq = grew[0][1]
+    name = next(line.split()[-1] for line in open("/proc/interrupts") if line.split()[0] == f"{irq}:")
+    return irq, name
+
+
+@pytest.mark.skipif(_can_trace_and_fifo() is not None, reason=str(_can_trace_and_fifo()))
+def test_a_burst_of_device_interrupts_on_the_loop_core_is_named(tmp_path, continuous_f64_model_path):
+    """The disk's completion interrupt routed to the loop's core, and a reader on the other core doing 1 MB
+    O_DIRECT reads in 150 ms bursts: with a 60 us deadline the interrupt handlers (which hold off even the
+    loop's timer interrupt) make misses, and the node names the disk's IRQ (or its BLOCK softirq) for them,
+    not the hypervisor; it names that IRQ for no miss far from a burst."""
+    data = tmp_path / "disk.bin"
+    with open(data, "wb") as f:
+        for _ in range(64):
+            f.write(os.urandom(1 << 20))
+        os.fsync(f.fileno())
+    try:
+        found = _disk_irq(str(data))
+    except OSError as e:
+        pytest.skip(f"O_DIRECT reads of {tmp_path} are not possible here ({e.strerror}): no disk interrupts to make")
+    if found is None:
+        pytest.skip("reads of a file here raise no device interrupt (no block device under the test dir)")
+    irq, name = found
+    cpu = max(os.sched_getaffinity(0))
+    aff = f"/proc/irq/{irq}/smp_affinity_list"
+    old = open(aff).read().strip()
+    try:
+        with open(aff, "w") as f:
+            f.write(str(cpu))
+    except OSError as e:
+        old = None                                   # not ours to move: fine if it is on the loop's core already
+        effective = open(f"/proc/irq/{irq}/effective_affinity_list").read().strip()
+        if effective != str(cpu):
+            pytest.skip(f"IRQ {irq} ({name}) is on core {effective}, not the loop's {cpu}, and cannot be "
+                        f"routed there: {e.strerror}")
+    try:
+        node, feeder = fed_node(tmp_path, continuous_f64_model_path, "[loop]\ndeadline_us = 60\n", 6)
+        reader = subprocess.Popen([sys.executable, "-c", DISK_READER, str(data), str(min(os.sched_getaffinity(0))),
+                                   "8", "0.15", "0.3"], stdout=subprocess.PIPE, text=True)
+        try:
+            assert reader.stdout.readline().strip() == "ready"
+            bursts = json.loads(reader.stdout.readline())
+            node.proc.communicate(timeout=60)
+        finally:
+            reader.kill()
+            feeder.kill()
+            feeder.wait()
+    finally:
+        if old is not None:
+            with open(aff, "w") as f:
+                f.write(old)
+    runs = os.path.join(str(tmp_path), "runs")
+    summary, arrays = load_run(os.path.join(runs, os.listdir(runs)[0]))
+    w = summary["why_late"]
+    assert w["enabled"] and w["evidence"]["trace"]["granted"], w["evidence"]
+    tick = dict(zip(arrays["cycle"].tolist(), arrays["t_tick_ns"].tolist()))
+    causes = {f"irq {name}", "softirq BLOCK"}
+    named = [e for e in w["events"] if e["cause"] in causes]
+
+    def in_burst(e, margin=5_000_000):
+        return any(b[0] - margin <= tick[e["cycle"]] <= b[1] + margin for b in bursts)
+    hit = {i for i, b in enumerate(bursts) if any(b[0] - 5_000_000 <= tick[e["cycle"]] <= b[1] + 5_000_000
+                                                  for e in named)}
+    print(f"{w['text']}; bursts with a late cycle (miss or worst wake-up) named {sorted(causes)}: "
+          f"{len(hit)} of {len(bursts)}")
+    # the interrupts reached the loop's core, and the node counted them there
+    on_core = w["evidence"]["interrupts"]["on_core_during_run"]
+    assert sum(n for k, n in on_core.items() if k.split()[0] == str(irq)) >= 100, on_core
+    # precision: the disk is named only in (or right by) the bursts, and with its own evidence
+    assert sum(in_burst(e) for e in named) >= 0.9 * len(named), w["text"]
+    assert all(e["seen"].get(f"irq {name}", 0) + e["seen"].get("softirq BLOCK", 0) > 0 for e in named)
+    # wherever the disk's handlers were the largest thing on the core, by the rule's margin, they are named;
+    # and an interrupt that held the loop's timer back does not make the miss the hypervisor's. On this
+    # VM how many bursts make such misses varies from run to run (the host often stalls the vCPU for the
+    # same I/O, which the node names `hypervisor`): counted above, not bounded
+    for e in w["events"]:
+        if not e["miss"] or not e["seen"]:
+            continue
+        top, us = max(e["seen"].items(), key=lambda kv: kv[1])
+        held = e["timer_held_by_irqs_us"] >= 0.5 * (e["timer_irq_late_us"] or 0)
+        if top in causes and held and us >= 0.3 * e["lateness_us"]:
+            assert e["cause"] == top, e
+
+
+def test_an_interrupt_holding_the_timer_back_is_not_the_hypervisor():
+    """The loop's timer interrupt came 40 us late: with nothing else seen that is the hypervisor (the vCPU
+    was not running); with a device interrupt's handler running over that time it is the device."""
+    from control_node.diagnosis.attribution import classify
+    cause, fig = classify(100_000, 45_000, {}, 0.0, True, 0, timer_late_ns=40_000)
+    assert cause == "hypervisor"
+    cause, fig = classify(100_000, 45_000, {("irq", "virtio1-req.0"): 38_000}, 0.0, True, 0, timer_late_ns=40_000,
+                          irq_held_ns=38_000)
+    assert cause == "irq virtio1-req.0" and fig["timer_held_by_irqs_us"] == 38.0
+    # a softirq runs with interrupts on: it cannot hold the timer back, only the wake-up after it
+    cause, _ = classify(100_000, 45_000, {("softirq", "BLOCK"): 38_000}, 0.0, True, 0, timer_late_ns=40_000)
+    assert cause == "hypervisor"
 
 
 def test_own_cycle_work_is_named_when_the_policy_is_slower_than_the_deadline(tmp_path):

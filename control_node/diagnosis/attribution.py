@@ -41,7 +41,8 @@ EVENTS = ("sched/sched_switch", "sched/sched_wakeup", "irq/irq_handler_entry", "
 MAX_INTERVALS = 2_000_000        # evidence kept (the newest); about 50 bytes each
 STEAL_PERIOD_S = 0.005
 USER_HZ = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-KINDS = ("task", "irq", "softirq", "vector", "page fault")
+KINDS = ("task", "irq", "softirq", "vector", "page fault", "faults")
+FAULT_DENSE_NS = 10_000            # a task faulting once per 10 us (or more) of its hold was held up faulting
 
 _LINE = re.compile(r"^\s*(?P<comm>.+?)-(?P<pid>\d+)\s+\[(?P<cpu>\d+)\]\s+\S+\s+(?P<ts>\d+\.\d+): "
                    r"(?P<event>\w+): (?P<body>.*)$")
@@ -55,7 +56,8 @@ _SOFTIRQ = re.compile(r"vec=(?P<vec>\d+) \[action=(?P<name>\w+)\]")
 class TraceParser:
     """Turns ``trace_pipe`` lines of one CPU into intervals of foreign activity on it: ``(kind, name,
     t0_ns, t1_ns)`` with kind one of :data:`KINDS`. ``loop_tid``: the loop thread, whose own running (and
-    the idle task's) is not foreign; its page faults are points (t0 == t1).
+    the idle task's) is not foreign. Page faults are points (t0 == t1): the loop's as ``page fault``, another
+    task's as ``faults`` with the task's name.
 
     Who holds the core comes from ``sched_switch`` and, because some kernels (this machine's among them)
     record no ``sched_switch`` out of the idle task, from the task named in each event's header: a task
@@ -125,6 +127,8 @@ class TraceParser:
         elif ev.startswith("page_fault"):
             if pid == self.loop_tid:
                 self.sink(("page fault", ev.removeprefix("page_fault_"), t, t))
+            elif pid != 0:
+                self.sink(("faults", m.group("comm"), t, t))
 
     def forget(self):
         """Trace text was left out here: what held the core, and open interrupts, are not known."""
@@ -453,8 +457,6 @@ class Recorder:
                 if not os.path.isdir(path):
                     missing.append(name)
                     continue
-                if name.startswith("exceptions/"):
-                    self._write(f"events/{name}/filter", f"common_pid == {self.loop_tid}")
                 if name == "sched/sched_wakeup":          # wake-ups of other tasks onto the loop's core (the
                     # loop's own, every cycle, are no evidence)
                     self._write(f"events/{name}/filter", f"target_cpu == {self.cpu} && pid != {self.loop_tid}")
@@ -718,29 +720,40 @@ def _steal_ms(steal, t0, t1) -> float | None:
 
 
 def classify(window_ns, lateness_ns, overlaps: dict, steal_ms, trace_ok: bool, own_ns: int,
-             timer_late_ns=None, typical_ns=None) -> tuple[str, dict]:
+             timer_late_ns=None, typical_ns=None, irq_held_ns=0) -> tuple[str, dict]:
     """A cause and the figures behind it for one late cycle. ``overlaps``: evidence in the window;
     ``own_ns``: the cycle's own work beyond its deadline share (0 when it woke late); ``timer_late_ns``:
     how late the core's first timer interrupt of the window came after the loop's wake-up timer was due
-    (None: none seen); ``typical_ns``: the run's median cycle time (own work far beyond it is not named).
+    (None: none seen); ``irq_held_ns``: how much of that delay other interrupt handlers (which run with
+    interrupts off) were running; ``typical_ns``: the run's median cycle time (own work far beyond it is
+    not named).
     The loop's own timer interrupts are not a cause: they are how it wakes."""
     overlaps = {k: v for k, v in overlaps.items() if k != ("vector", "local_timer")}
-    foreign = {k: v for k, v in overlaps.items() if k[0] != "page fault"}
+    foreign = {k: v for k, v in overlaps.items() if k[0] not in ("page fault", "faults")}
     faults = sum(v for k, v in overlaps.items() if k[0] == "page fault")
+    task_faults = {name: n for (kind, name), n in overlaps.items() if kind == "faults"}
     figures = {"window_us": window_ns / 1e3, "lateness_us": lateness_ns / 1e3,
                "seen": {f"{k[0]} {k[1]}": round(v / 1e3, 1) for k, v in
                         sorted(foreign.items(), key=lambda kv: -kv[1])[:5]},
                "page_faults": faults, "steal_ms": steal_ms,
-               "timer_irq_late_us": None if timer_late_ns is None else timer_late_ns / 1e3}
-    if trace_ok and timer_late_ns is not None and timer_late_ns >= 0.5 * lateness_ns and lateness_ns >= 20_000:
-        # the loop's wake-up timer interrupt itself came late. No task can hold off an interrupt (short
-        # of running with interrupts masked for that long), so the vCPU was not running: whatever the
-        # trace shows on the core then is where the host stopped it, not what delayed the loop
+               "page_faults_of_tasks": dict(sorted(task_faults.items(), key=lambda kv: -kv[1])[:5]),
+               "timer_irq_late_us": None if timer_late_ns is None else timer_late_ns / 1e3,
+               "timer_held_by_irqs_us": irq_held_ns / 1e3}
+    if (trace_ok and timer_late_ns is not None and timer_late_ns >= 0.5 * lateness_ns and lateness_ns >= 20_000
+            and irq_held_ns < 0.5 * timer_late_ns):
+        # the loop's wake-up timer interrupt itself came late, and no other interrupt handler held it back.
+        # No task can hold off an interrupt (short of running with interrupts masked for that long), so
+        # the vCPU was not running: whatever the trace shows on the core then is where the host stopped
+        # it, not what delayed the loop
         return "hypervisor", dict(figures, why="the core's timer interrupt came late: the vCPU was not running"
                                   + ("" if steal_ms else " (no steal counted: this host may not report it)"))
     if foreign:
         (kind, name), ns = max(foreign.items(), key=lambda kv: kv[1])
         if ns >= 0.3 * max(lateness_ns, 1) or ns >= 50_000:
+            n = task_faults.get(name, 0) if kind == "task" else 0
+            if n and n * FAULT_DENSE_NS >= ns:
+                # the task that held the core spent its hold faulting pages in (one per <= 10 us of it)
+                return f"page faults in task {name}", figures
             return f"{kind} {name}", figures
     if faults:
         return "page fault", figures
@@ -802,16 +815,20 @@ def attribute(recorder: Recorder | None, arrays: dict, period_ns: int, deadline_
             ov = _overlaps(near, t0, t1)
             timers = [iv[2] for iv in near if iv[0] == "vector" and iv[1] == "local_timer" and t0 <= iv[2] <= t1]
             timer_late = (min(timers) - t0) if (timers and woke_late) else None
+            # another interrupt's handler runs with interrupts off: it alone can hold the timer's back
+            irq_held = 0 if timer_late is None else sum(
+                v for k, v in _overlaps(near, t0, t0 + timer_late).items()
+                if k[0] in ("irq", "vector") and k != ("vector", "local_timer"))
             in_work = sum(v for k, v in _overlaps(near, tk + w, t1).items()
-                          if k[0] != "page fault" and k != ("vector", "local_timer"))
+                          if k[0] not in ("page fault", "faults") and k != ("vector", "local_timer"))
         else:
-            ov, timer_late, in_work = {}, None, 0
+            ov, timer_late, in_work, irq_held = {}, None, 0, 0
         own = 0 if woke_late else max(0, c - in_work)
         # steal is accounted at the next scheduler tick and sampled every 5 ms, in 10 ms units: look a
         # little past the window
         sm = _steal_ms(steal, t0 - 5_000_000, t1 + 10_000_000)
         cause, fig = classify(t1 - t0, late, ov, sm, trace_ok, own,
-                              timer_late, typical)
+                              timer_late, typical, irq_held)
         is_miss = bool(flags[i] & 1)
         # ticks the loop skipped after this cycle to catch up (each a miss the loop counted)
         skipped = max(0, int(round((int(tick[i + 1]) - int(tick[i])) / period_ns)) - 1) if i + 1 < tick.size else 0
