@@ -274,6 +274,21 @@ def test_an_interrupt_holding_the_timer_back_is_not_the_hypervisor():
     assert cause == "hypervisor"
 
 
+def test_a_quiet_gap_after_an_on_time_timer_is_the_hypervisor_only_in_a_vm():
+    """The timer came on time (2 us), the loop woke 250 us late, nothing seen on the core in between: in a
+    VM the vCPU was not running; on bare metal (an SMI? an idle exit?) it stays unknown, with why."""
+    from control_node.diagnosis.attribution import classify, virtual_machine
+    cause, fig = classify(400_000, 250_000, {("task", "python"): 9_000}, 0.0, True, 0, timer_late_ns=2_000,
+                          in_vm=True)
+    assert cause == "hypervisor" and "on time" in fig["why"]
+    cause, fig = classify(400_000, 250_000, {("task", "python"): 9_000}, 0.0, True, 0, timer_late_ns=2_000)
+    assert cause == "unknown" and fig["why"]
+    # no timer interrupt seen in the window: nothing to reason from
+    assert classify(400_000, 250_000, {}, 0.0, True, 0, in_vm=True)[0] == "unknown"
+    flags = next(line for line in open("/proc/cpuinfo") if line.startswith("flags")).split()
+    assert virtual_machine()["vm"] == ("hypervisor" in flags)
+
+
 def test_own_cycle_work_is_named_when_the_policy_is_slower_than_the_deadline(tmp_path):
     """A 48-512-256-128-12 float64 policy (tens of us) under a 5 us deadline: the misses are the cycle's own
     work, and the node says so."""

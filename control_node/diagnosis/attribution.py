@@ -589,6 +589,7 @@ class Recorder:
 
     def start(self):
         self._t_start = time.monotonic()
+        self.evidence["virtual_machine"] = virtual_machine()
         self.counts0 = {"interrupts": _per_cpu_counts("/proc/interrupts", self.cpu),
                         "softirqs": _per_cpu_counts("/proc/softirqs", self.cpu), "stat": _cpu_line(self.cpu)}
         if self.counts0["stat"] is None or len(self.counts0["stat"]) < 8:
@@ -675,6 +676,20 @@ def remove_stale_instances() -> list[str]:
     return removed
 
 
+def virtual_machine() -> dict:
+    """Does the CPU say it runs under a hypervisor (the ``hypervisor`` flag of /proc/cpuinfo)?"""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    vm = "hypervisor" in line.split()
+                    return {"vm": vm, "detail": "the CPU flags say hypervisor" if vm else
+                            "no hypervisor flag: bare metal (an unexplained quiet gap stays unknown)"}
+    except OSError as e:
+        return {"vm": False, "detail": f"/proc/cpuinfo unreadable: {e.strerror or e}"}
+    return {"vm": False, "detail": "/proc/cpuinfo has no flags line"}
+
+
 def smi_count(cpu: int) -> dict:
     """System-management interrupts so far (Intel MSR 0x34 via /dev/cpu/N/msr), or why they cannot be read."""
     path = f"/dev/cpu/{cpu}/msr"
@@ -720,13 +735,13 @@ def _steal_ms(steal, t0, t1) -> float | None:
 
 
 def classify(window_ns, lateness_ns, overlaps: dict, steal_ms, trace_ok: bool, own_ns: int,
-             timer_late_ns=None, typical_ns=None, irq_held_ns=0) -> tuple[str, dict]:
+             timer_late_ns=None, typical_ns=None, irq_held_ns=0, in_vm=False) -> tuple[str, dict]:
     """A cause and the figures behind it for one late cycle. ``overlaps``: evidence in the window;
     ``own_ns``: the cycle's own work beyond its deadline share (0 when it woke late); ``timer_late_ns``:
     how late the core's first timer interrupt of the window came after the loop's wake-up timer was due
     (None: none seen); ``irq_held_ns``: how much of that delay other interrupt handlers (which run with
     interrupts off) were running; ``typical_ns``: the run's median cycle time (own work far beyond it is
-    not named).
+    not named); ``in_vm``: the CPU says it runs under a hypervisor.
     The loop's own timer interrupts are not a cause: they are how it wakes."""
     overlaps = {k: v for k, v in overlaps.items() if k != ("vector", "local_timer")}
     foreign = {k: v for k, v in overlaps.items() if k[0] not in ("page fault", "faults")}
@@ -767,6 +782,14 @@ def classify(window_ns, lateness_ns, overlaps: dict, steal_ms, trace_ok: bool, o
         return "own cycle work", figures
     if steal_ms:
         return "hypervisor", figures
+    if trace_ok and in_vm and timer_late_ns is not None and own_ns == 0 and lateness_ns >= 20_000:
+        # the loop's timer interrupt came, on time, and woke it; then nothing the trace sees ran on the
+        # core (no task, no interrupt) until the loop did. A guest with its most urgent task runnable
+        # and nothing else to do loses that time only when the host is not running its vCPU. On bare
+        # metal an SMI or an idle-state exit could do it too: there it stays unknown
+        return "hypervisor", dict(figures, why=f"the loop's timer interrupt came on time ({timer_late_ns / 1e3:.0f} us), "
+                                               "then nothing ran on the core until the loop did: the vCPU was not "
+                                               "running (a virtual machine)")
     if not trace_ok:
         return "unknown", dict(figures, why="no trace of what ran on the core")
     return "unknown", dict(figures, why="nothing ran on the core and no interrupt came, but no steal was "
@@ -781,6 +804,7 @@ def attribute(recorder: Recorder | None, arrays: dict, period_ns: int, deadline_
         return {"enabled": False, "detail": "off ([diagnostics] attribution = false)"}
     ev = recorder.evidence
     trace_ok = bool((ev.get("trace") or {}).get("granted"))
+    in_vm = bool((ev.get("virtual_machine") or {}).get("vm"))
     intervals = recorder.all_intervals()
     steal = recorder.all_steal()
     if intervals:
@@ -828,7 +852,7 @@ def attribute(recorder: Recorder | None, arrays: dict, period_ns: int, deadline_
         # little past the window
         sm = _steal_ms(steal, t0 - 5_000_000, t1 + 10_000_000)
         cause, fig = classify(t1 - t0, late, ov, sm, trace_ok, own,
-                              timer_late, typical, irq_held)
+                              timer_late, typical, irq_held, in_vm)
         is_miss = bool(flags[i] & 1)
         # ticks the loop skipped after this cycle to catch up (each a miss the loop counted)
         skipped = max(0, int(round((int(tick[i + 1]) - int(tick[i])) / period_ns)) - 1) if i + 1 < tick.size else 0
