@@ -58,7 +58,7 @@ class Lifecycle:
         self.max_bytes = int(lc["max_resident_mb"] * (1 << 20))
         self.source = cfg.get("source", "(config)")
         self.running = False                 # set by the node around loop.run()
-        self._lock = threading.Lock()        # guards log and residents against brief()
+        self._lock = threading.Lock()        # guards log, residents and by_slot: brief() reads them on another thread
         self.log: list[dict] = []
         self.log_dropped = 0
         self._tr_next = 0
@@ -83,12 +83,14 @@ class Lifecycle:
 
     # ------------------------------------------------------------------ bookkeeping
     def _add(self, name, slot, policy, path):
-        self.residents[name] = {
+        entry = {
             "name": name, "slot": slot, "path": os.path.abspath(path), "sha256": policy.sha256,
             "kind": "continuous" if policy.continuous else "argmax", "layers": [int(s) for s in policy.spec.layer_sizes],
             "recurrent": policy.recurrent, "dtype": policy.dtype, "nbytes": int(policy.nbytes),
             "loaded_cycle": int(self.loop.cycles), "policy": policy}
-        self.by_slot[slot] = name
+        with self._lock:                    # the diagnostics thread reads residents (brief)
+            self.residents[name] = entry
+            self.by_slot[slot] = name
 
     def _log(self, event, name, other, reason, cycle=None, t_ns=None, seq=None):
         entry = {"n": self._count(), "cycle": int(self.loop.cycles if cycle is None else cycle),
@@ -293,8 +295,9 @@ class Lifecycle:
         self.poll()
         self.loop.clear_slot(slot)
         self._log("unload", name, None, "request")
-        del self.by_slot[slot]
-        del self.residents[name]
+        with self._lock:
+            del self.by_slot[slot]
+            del self.residents[name]
         return f"unloaded {name} (slot {slot} free)", None
 
     def _op_status(self, req):
@@ -340,6 +343,8 @@ class Lifecycle:
         with self._lock:
             tail = list(self.log[-STATUS_TRANSITIONS:])
             count = self._count()
+            policies = self._policies()
+            resident_bytes = int(sum(r["nbytes"] for r in self.residents.values()))
         canary = None
         if loop.canary:
             canary = {"policy": self.name_of(loop.active), "previous": self.name_of(loop.previous),
@@ -348,8 +353,7 @@ class Lifecycle:
                       "window_disagree": int(loop.window_disagree)}
         return {"active": self.name_of(loop.active), "previous": self.name_of(loop.previous),
                 "shadow": self.name_of(loop.shadow), "canary": canary, "cycle": int(loop.cycles),
-                "policies": self._policies(),
-                "resident_bytes": int(sum(r["nbytes"] for r in self.residents.values())),
+                "policies": policies, "resident_bytes": resident_bytes,
                 "max_resident_bytes": self.max_bytes, "max_policies": self.max_policies, "rules": self.rules,
                 "shadow_figures": self.shadow_figures() if loop.shadow >= 0 or loop.shadow_ticks else None,
                 "transitions": tail, "transition_count": count}
@@ -361,10 +365,11 @@ class Lifecycle:
         with self._lock:
             tail = list(self.log[-STATUS_TRANSITIONS:])
             count = self._count()
+            resident = sorted(self.residents)
         ticks = int(loop.shadow_ticks)
         return {"active": self.name_of(loop.active), "previous": self.name_of(loop.previous),
                 "shadow": self.name_of(loop.shadow), "canary": bool(loop.canary),
-                "resident": sorted(self.residents),
+                "resident": resident,
                 "shadow_ticks": ticks, "shadow_disagree": int(loop.shadow_disagree),
                 "shadow_cost_mean_ns": (int(loop.shadow_ns_sum) / ticks) if ticks else None,
                 "transitions": tail, "transition_count": count}

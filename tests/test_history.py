@@ -158,3 +158,28 @@ def test_history_and_decimation_allocate_nothing(tmp_path, continuous_f64_model_
     in_loop = [d for d in snap1.compare_to(snap0, "lineno")
                if d.traceback[0].filename == __file__ and d.traceback[0].lineno == run_line]
     assert sum(d.count_diff for d in in_loop) == 0
+
+
+@pytest.mark.parametrize("how", ["auto", "model"])
+def test_the_simulator_sends_one_frame_to_a_node_with_history(tmp_path, history_model_path, how):
+    """`control-node sim` beside a node with history = 3: it sends frames of the frame width (4), not of the
+    policy's 12 inputs, learnt from the node's diagnostics (--features auto) or from --model and the node's
+    config; the node accepts every frame (no feature_count rejections) and acts on them."""
+    from nodeutil import cli_popen, load_run, stop_node
+    node, cfg = start_node(tmp_path, history_model_path, extra=f"[policy]\nhistory = {N}\n")
+    args = ["--features", "auto"] if how == "auto" else ["--model", str(history_model_path)]
+    sim = cli_popen("sim", "gauss", "--config", cfg, "--rate", 500, "--duration", 1.0,
+                    "--run-dir", tmp_path / "sim", *args)
+    out = sim.communicate(timeout=60)[0]
+    rc, _, err, run_dir = stop_node(node)
+    assert sim.returncode == 0, out
+    assert rc == 0, err
+    if how == "auto":
+        assert f"12 features = {N} frames x {W}" in out, out
+    else:
+        assert f"stacks {N} frames per input" in out, out
+    summary, a = load_run(run_dir)
+    assert summary["rejected_total"] == 0, summary["rejected"]
+    assert summary["frames_valid"] >= 450
+    sim_summary = json.load(open(tmp_path / "sim" / "summary.json"))
+    assert sim_summary["frames_answered"] >= 0.9 * sim_summary["frames_sent"]

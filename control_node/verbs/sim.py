@@ -62,6 +62,14 @@ def register(sub):
     return p
 
 
+def _node_history(config, n_features: int) -> int:
+    """``[policy] history`` of the node's config (1 without one), checked against the model's width."""
+    from control_node.config import load_config, resolve_history
+    cfg = load_config(config)
+    resolve_history(cfg, n_features, config or "(config)")      # a history that does not divide: its error
+    return int(cfg["policy"]["history"])
+
+
 def node_policy(eps, config, timeout_s):
     """The node's ``policy`` map from its diagnostics stream (kind, n_features, n_actions, action_names),
     or None when none arrives within ``timeout_s``."""
@@ -120,9 +128,13 @@ def run(args):
         if not info:
             raise UserError(f"--features auto: no diagnostics from the node at {eps['diagnostics']} within "
                             f"{min(2.0, args.timeout):g} s. Fix: start the node first, or pass --features N / --model")
-        n_features = int(info["n_features"])
-        print(f"sim: the node's policy is {info.get('kind')} ({n_features} features, "
-              f"{info.get('n_actions')} actions)", flush=True)
+        hist = info.get("history") or {}
+        frames = int(hist.get("frames") or 1)
+        # with [policy] history = N the node stacks N frames into the policy's input: send one frame's width
+        n_features = int(hist.get("frame_width") or info["n_features"])
+        print(f"sim: the node's policy is {info.get('kind')} ({info['n_features']} features"
+              + (f" = {frames} frames x {n_features}" if frames > 1 else "")
+              + f", {info.get('n_actions')} actions)", flush=True)
     elif args.features is not None:
         try:
             n_features = int(args.features)
@@ -131,7 +143,7 @@ def run(args):
         if n_features < 1:
             raise UserError(f"--features {n_features}: use 1 or more")
     elif policy is not None:
-        n_features = policy.n_features
+        n_features = policy.n_features // _node_history(args.config, policy.n_features)
     try:
         if args.stream == "gauss":
             duration = 5.0 if args.duration is None else args.duration
@@ -152,11 +164,17 @@ def run(args):
     if len(st) == 0:
         raise UserError("nothing to send (duration * rate is 0)")
     if policy is not None:
-        if st.X.shape[1] != policy.n_features:
+        history = _node_history(args.config, policy.n_features)
+        if st.X.shape[1] * history != policy.n_features:
             raise UserError(f"the {st.settings['kind']} stream has {st.X.shape[1]} features but --model "
-                            f"{args.model} takes {policy.n_features}")
-        if policy.continuous:
+                            f"{args.model} takes {policy.n_features}"
+                            + (f" ({history} frames of {policy.n_features // history})" if history > 1 else ""))
+        if policy.continuous and history == 1:
             st.expected_u = policy.act_batch(st.X)       # NaN rows where the output is not finite
+        elif policy.continuous:
+            # the node's input is its own stack of the frames it accepted: not known here frame by frame
+            print(f"sim: the node stacks {history} frames per input ([policy] history): actions are recorded, "
+                  "not compared with --model", flush=True)
     tap = None if args.tap is None else (eps["sensor_tap"] if args.tap == "auto" else args.tap)
     run_dir = args.run_dir or engine.new_run_dir("sim")
     loop = engine.ClosedLoop(eps, tap=tap, handshake_timeout=args.timeout,
