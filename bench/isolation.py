@@ -56,7 +56,9 @@ def row_of(s, wake):
     iso = (s.get("rt") or {}).get("isolation") or {}
     r.update(deadline_misses=s["deadline_misses"], cycles=s["cycles"], why_late=wl.get("text") or wl.get("detail"),
              misses_by_cause=wl.get("misses_by_cause"), late_time_named_share=wl.get("late_time_named_share"),
-             isolation=iso.get("detail"), late_over_period=int((wake >= 1_000_000).sum()))
+             isolation=iso.get("detail"), late_over_period=int((wake >= 1_000_000).sum()),
+             # the late cycles it could not name, with their evidence: what a better rule would need
+             unknown_events=[e for e in wl.get("events", []) if e.get("cause") == "unknown"])
     return r
 
 

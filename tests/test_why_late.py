@@ -285,6 +285,11 @@ def test_a_quiet_gap_after_an_on_time_timer_is_the_hypervisor_only_in_a_vm():
     assert cause == "unknown" and fig["why"]
     # no timer interrupt seen in the window: nothing to reason from
     assert classify(400_000, 250_000, {}, 0.0, True, 0, in_vm=True)[0] == "unknown"
+    # a cycle 100x its 5 us median (500 us) with nothing else seen: mid-cycle vCPU stall in a VM only
+    assert classify(500_000, 495_000, {}, 0.0, True, 495_000, typical_ns=5_000, in_vm=True)[0] == "hypervisor"
+    assert classify(500_000, 495_000, {}, 0.0, True, 495_000, typical_ns=5_000)[0] == "unknown"
+    # own work a little over the deadline (2x the median) is the cycle's own
+    assert classify(20_000, 8_000, {}, 0.0, True, 8_000, typical_ns=10_000, in_vm=True)[0] == "own cycle work"
     flags = next(line for line in open("/proc/cpuinfo") if line.startswith("flags")).split()
     assert virtual_machine()["vm"] == ("hypervisor" in flags)
 

@@ -773,6 +773,13 @@ def classify(window_ns, lateness_ns, overlaps: dict, steal_ms, trace_ok: bool, o
     if faults:
         return "page fault", figures
     if own_ns > 0 and own_ns >= 0.5 * lateness_ns:
+        if typical_ns and own_ns > 5 * typical_ns and own_ns >= 200_000 and in_vm and trace_ok:
+            # the loop's cycle has no slow path (no allocation, no I/O, a fixed kernel; its page faults
+            # would show): 5x its median and 200 us more, with nothing else on the core, is the host
+            # stopping the vCPU mid-cycle. On bare metal that stays unknown (an SMI looks the same)
+            return "hypervisor", dict(figures, why=f"the cycle took {own_ns / max(typical_ns, 1):.0f}x its median "
+                                                   "with nothing else seen on the core: the vCPU was not running "
+                                                   "mid-cycle (a virtual machine)")
         if typical_ns and own_ns > 5 * typical_ns:
             # far longer than the loop's usual cycle, with nothing else on the core: a host stall inside the
             # cycle looks exactly like this (no timer is due mid-cycle to show it), so it is not named
