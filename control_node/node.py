@@ -270,8 +270,10 @@ class Node:
                                     "free port in [diagnostics] prometheus, or \"\" for off") from None
             if dg["attribution"] and loop_cpu is not None:
                 from control_node.diagnosis.attribution import Recorder
+                from control_node.diagnosis.attribution import sleep_lead_ns
                 recorder = Recorder(loop_cpu, os.getpid(), tracing=dg["attribution_trace"], loop=loop,
-                                    floor_ns=max(10_000, period_ns // 100), spin_ns=int(spin_us * 1000)).start()
+                                    floor_ns=max(10_000, period_ns // 100),
+                                    lead_ns=sleep_lead_ns(int(spin_us * 1000), int(loop.phase_margin_ns))).start()
             started_at = time.strftime("%Y-%m-%dT%H:%M:%S%z")
             ru0 = resource.getrusage(resource.RUSAGE_THREAD)
             rt_session = setup_realtime(cfg["realtime"])
@@ -331,7 +333,7 @@ class Node:
         if recorder is None:
             return {"enabled": False, "detail": "the loop was not pinned to one core ([realtime] cpu = \"none\" or "
                                                 "pinning refused): there is no core to watch"}
-        return attribute(recorder, arrays, period_ns, int(loop.deadline_ns), int(spin_us * 1000),
+        return attribute(recorder, arrays, period_ns, int(loop.deadline_ns), recorder.lead_ns,
                          max_events=int(dg["attribution_events"]))
 
     def _write_run_dir(self, policy, loop, rt_report, started_at, period_ns, ru0, ru1, stop_signal, hist_names,

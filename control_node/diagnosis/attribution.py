@@ -289,12 +289,13 @@ class Recorder:
     With ``loop`` (the RtLoop), memory stays bounded however long the run: every 0.25 s the recorder
     reads the cycles the loop finished since (its ring, as the diagnostics thread does), notes the
     windows of the late ones (``floor_ns``: wake-ups later than this; and every miss), and of the
-    evidence older than the newest tick examined keeps only what lies near such a window."""
+    evidence older than the newest tick examined keeps only what lies near such a window. ``lead_ns``:
+    how long before its tick the loop's last sleep ends (:func:`sleep_lead_ns`)."""
 
     def __init__(self, cpu: int, loop_tid: int, tracing: bool = True, loop=None, floor_ns: int = 10_000,
-                 spin_ns: int = 0):
+                 lead_ns: int = 0):
         self.cpu, self.loop_tid, self.tracing = cpu, loop_tid, tracing
-        self.loop, self.floor_ns, self.spin_ns = loop, floor_ns, spin_ns
+        self.loop, self.floor_ns, self.lead_ns = loop, floor_ns, lead_ns
         self.intervals = deque(maxlen=MAX_INTERVALS)
         self.dropped = 0
         self.evidence = {}
@@ -363,7 +364,7 @@ class Recorder:
                     if self._kept_windows_capped():
                         continue
                 self._note_worst(w)
-                t0 = int(tick[j]) - self.spin_ns if w >= self.floor_ns else int(tick[j]) + w
+                t0 = int(tick[j]) - self.lead_ns if w >= self.floor_ns else int(tick[j]) + w
                 self.windows.add(t0, int(tick[j]) + w + int(ct[j]))
             self._examined = end
             self._examined_tick = int(tick[-1])
@@ -803,10 +804,31 @@ def classify(window_ns, lateness_ns, overlaps: dict, steal_ms, trace_ok: bool, o
                                         "counted (steal is in 10 ms units)")
 
 
-def attribute(recorder: Recorder | None, arrays: dict, period_ns: int, deadline_ns: int, spin_ns: int,
+def sleep_lead_ns(spin_ns: int, phase_margin_ns: int = 0) -> int:
+    """How long before its tick the loop's last sleep ends: it spins ``spin_ns`` to the tick, and with phase
+    lock it first spins to its probe ``phase_margin_ns`` before the tick. From then on the loop holds the
+    core (spinning leaves no trace), so a late wake-up's window starts there."""
+    return int(spin_ns) + int(phase_margin_ns)
+
+
+def _account(rows, totals, late_ns, cyc, wake, ct, tick, flags, i, period_ns, deadline_ns, cause, fig):
+    """Add ring cycle ``i``'s row with its cause; count its miss (with the ticks the loop skipped after it
+    to catch up, each a miss the loop counted) and its late time under that cause."""
+    is_miss = bool(flags[i] & 1)
+    skipped = max(0, int(round((int(tick[i + 1]) - int(tick[i])) / period_ns)) - 1) if i + 1 < tick.size else 0
+    rows.append({"cycle": int(cyc[i]), "miss": is_miss, "wake_latency_ns": int(wake[i]),
+                 "cycle_time_ns": int(ct[i]), "ticks_skipped_after": skipped, "cause": cause, **fig})
+    w = max(int(wake[i]), 0)
+    late_ns[cause] = late_ns.get(cause, 0) + max(w + int(ct[i]) - deadline_ns, w)
+    if is_miss:
+        totals[cause] = totals.get(cause, 0) + 1 + skipped
+
+
+def attribute(recorder: Recorder | None, arrays: dict, period_ns: int, deadline_ns: int, lead_ns: int,
               worst: int = 20, max_events: int = 1000) -> dict:
     """summary.json ``why_late``: each deadline miss (up to ``max_events``) and the ``worst`` wake-ups of
-    the ring, with a cause; totals by cause (misses weighted with the ticks skipped before them)."""
+    the ring, with a cause; totals by cause (misses weighted with the ticks skipped before them).
+    ``lead_ns``: :func:`sleep_lead_ns`."""
     if recorder is None:
         return {"enabled": False, "detail": "off ([diagnostics] attribution = false)"}
     ev = recorder.evidence
@@ -830,13 +852,28 @@ def attribute(recorder: Recorder | None, arrays: dict, period_ns: int, deadline_
     floor = max(10_000, period_ns // 100)
     wake_idx = [int(k) for k in np.argsort(np.where(wake >= 0, wake, -1))[::-1][:worst] if wake[k] >= floor]
     rows, totals, total_misses, late_ns = [], {}, 0, {}
+    cause_at = {}                         # ring index -> (cause, cycle) of the cycles explained so far
     for i in sorted(set(miss_idx.tolist()) | set(wake_idx)):
         w, c, tk = max(int(wake[i]), 0), int(ct[i]), int(tick[i])
-        # where the loop lost time: waking (from its timer being due to its wake-up), when it woke late,
-        # and working (wake-up -> publish); before its timer was due it slept, and whatever ran then
-        # delayed nothing
+        prev_end = int(tick[i - 1]) + max(int(wake[i - 1]), 0) + int(ct[i - 1]) if i else None
+        if w >= floor and prev_end is not None and prev_end > tk - lead_ns and (i - 1) in cause_at:
+            # the previous cycle ended after this one's sleep should have ended: the loop never slept,
+            # and this cycle is late because that one was. Same cause, said so
+            cause = cause_at[i - 1][0]
+            fig = {"window_us": (tk + w + c - prev_end) / 1e3, "lateness_us": max(w + c - deadline_ns, w) / 1e3,
+                   "seen": {}, "page_faults": 0, "steal_ms": None, "page_faults_of_tasks": {},
+                   "timer_irq_late_us": None, "timer_held_by_irqs_us": 0.0, "carried_from_cycle": cause_at[i - 1][1],
+                   "why": f"the previous cycle ended {(prev_end - tk) / 1e3:.0f} us after this one's tick: its "
+                          "lateness carried over"}
+            _account(rows, totals, late_ns, cyc, wake, ct, tick, flags, i, period_ns, deadline_ns, cause, fig)
+            total_misses += rows[-1]["miss"] * (1 + rows[-1]["ticks_skipped_after"])
+            cause_at[i] = (cause, int(cyc[i]))
+            continue
+        # where the loop lost time: waking (from its last timer being due to its wake-up), when it woke
+        # late, and working (wake-up -> publish); before its timer was due it slept, and whatever ran
+        # then delayed nothing
         woke_late = w >= floor
-        t0 = tk - spin_ns if woke_late else tk + w
+        t0 = tk - lead_ns if woke_late else tk + w
         t1 = tk + w + c
         late = max(w + c - deadline_ns, w)
         if intervals:
@@ -860,15 +897,9 @@ def attribute(recorder: Recorder | None, arrays: dict, period_ns: int, deadline_
         sm = _steal_ms(steal, t0 - 5_000_000, t1 + 10_000_000)
         cause, fig = classify(t1 - t0, late, ov, sm, trace_ok, own,
                               timer_late, typical, irq_held, in_vm)
-        is_miss = bool(flags[i] & 1)
-        # ticks the loop skipped after this cycle to catch up (each a miss the loop counted)
-        skipped = max(0, int(round((int(tick[i + 1]) - int(tick[i])) / period_ns)) - 1) if i + 1 < tick.size else 0
-        rows.append({"cycle": int(cyc[i]), "miss": is_miss, "wake_latency_ns": int(wake[i]),
-                     "cycle_time_ns": int(ct[i]), "ticks_skipped_after": skipped, "cause": cause, **fig})
-        late_ns[cause] = late_ns.get(cause, 0) + late
-        if is_miss:
-            totals[cause] = totals.get(cause, 0) + 1 + skipped
-            total_misses += 1 + skipped
+        _account(rows, totals, late_ns, cyc, wake, ct, tick, flags, i, period_ns, deadline_ns, cause, fig)
+        total_misses += rows[-1]["miss"] * (1 + rows[-1]["ticks_skipped_after"])
+        cause_at[i] = (cause, int(cyc[i]))
     by_cause = dict(sorted(totals.items(), key=lambda kv: -kv[1]))
     text = (f"{total_misses} misses: " + ", ".join(f"{n} {c}" for c, n in by_cause.items())) if total_misses \
         else "no deadline miss in the ring"
@@ -881,7 +912,8 @@ def attribute(recorder: Recorder | None, arrays: dict, period_ns: int, deadline_
             "late_us_by_cause": {c: v / 1e3 for c, v in sorted(late_ns.items(), key=lambda kv: -kv[1])},
             "late_time_named_share": (named / total_late) if total_late else None,
             "misses_attributed": total_misses, "text": text,
-            "method": "per late cycle, the window [tick - spin, published] of the loop's core: time other tasks, "
-                      "interrupts and softirqs held it (tracefs), the loop's page faults, steal growth "
-                      "(/proc/stat), how late the core's timer interrupt came; a miss counts with the ticks the "
-                      "loop skipped after it"}
+            "method": "per late cycle, the window [end of the loop's last sleep (tick - spin - phase-lock "
+                      "margin), published] of the loop's core: time other tasks, interrupts and softirqs held it "
+                      "(tracefs), page faults, steal growth (/proc/stat), how late the core's timer interrupt "
+                      "came; a cycle that could not sleep because the previous one ended late takes that one's "
+                      "cause; a miss counts with the ticks the loop skipped after it"}

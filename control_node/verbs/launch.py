@@ -29,10 +29,20 @@ def ensure_model(path, task="iris"):
     from control_node.launch import say
     if os.path.exists(path):
         return
-    if task not in ("iris", "pendulum"):
-        raise UserError(f"[launch] train = {task!r}: use \"iris\" or \"pendulum\" (the model {path} is missing)")
-    say(f"model {path} is missing: training it (control-node train --task {task})")
+    if task not in ("iris", "pendulum", "pendulum-gru"):
+        raise UserError(f"[launch] train = {task!r}: use \"iris\", \"pendulum\" or \"pendulum-gru\" (the model "
+                        f"{path} is missing)")
+    how = "--task pendulum --recurrent gru" if task == "pendulum-gru" else f"--task {task}"
+    say(f"model {path} is missing: training it (control-node train {how})")
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    if task == "pendulum-gru":
+        from control_node.train.pendulum import export_verified
+        from control_node.train.pendulum_gru import evaluate, train_pendulum_gru
+        spec = train_pendulum_gru()
+        export_verified(spec, path)
+        say(f"trained GRU {' -> '.join(map(str, spec.layer_sizes))} at 50 Hz; offline from hanging: "
+            f"{evaluate(spec)[0].line()}; wrote {path}")
+        return
     if task == "pendulum":
         from control_node.train.pendulum import evaluate, export_verified, train_pendulum
         spec = train_pendulum()
@@ -46,7 +56,7 @@ def ensure_model(path, task="iris"):
     say(f"trained {' -> '.join(map(str, spec.layer_sizes))}, test accuracy {spec.test_accuracy:.4f}; wrote {path}")
 
 
-PACKAGED = ("demo", "pendulum")
+PACKAGED = ("demo", "pendulum", "pendulum_gru")
 
 
 def resolve_config(config):

@@ -8,11 +8,18 @@ def register(sub):
                                    "answers, and write a model file. --task iris: an MLP classifier on iris (shipped "
                                    "with scikit-learn), argmax head. --task pendulum: a continuous torque policy "
                                    "(3 -> 64 -> 64 -> 1 tanh, tanh-squashed, 2 N m) imitating an energy swing-up + "
-                                   "LQR controller with DAgger, in seconds; for `control-node sim pendulum`.")
+                                   "LQR controller with DAgger, in seconds; for `control-node sim pendulum`. "
+                                   "--task pendulum --recurrent gru: the same with a GRU (3 -> 32) before "
+                                   "32 -> 1, trained through time at 50 Hz; run it with [loop] policy_rate_hz = 50 "
+                                   "(configs/pendulum_gru.toml).")
     t.add_argument("--task", choices=["iris", "pendulum"], default="iris", help="what to train (default: %(default)s)")
-    t.add_argument("--out", default=None, help="model file to write (default: models/TASK.npz)")
+    t.add_argument("--out", default=None,
+                   help="model file to write (default: models/TASK.npz; models/pendulum-gru.npz with --recurrent gru)")
+    t.add_argument("--recurrent", choices=["gru"], default=None,
+                   help="pendulum only: a recurrent policy (GRU before the dense layers, 50 Hz steps)")
     t.add_argument("--hidden", type=int, nargs="+", default=None, metavar="N",
-                   help="hidden layer widths, e.g. --hidden 32 32 (default: 16 for iris, 64 64 for pendulum)")
+                   help="hidden layer widths, e.g. --hidden 32 32 (default: 16 for iris, 64 64 for pendulum; "
+                        "with --recurrent: the GRU's size, default 32)")
     t.add_argument("--dtype", choices=["f64", "f32"], default=None,
                    help="compute dtype of the kernel (default: f64 for iris, f32 for pendulum)")
     t.add_argument("--seed", type=int, default=0, help="seed for split, init and batches (default: %(default)s)")
@@ -26,9 +33,12 @@ def register(sub):
 
 
 def run(args):
-    out = args.out or f"models/{args.task}.npz"
+    if args.recurrent and args.task != "pendulum":
+        from control_node.errors import UserError
+        raise UserError(f"--recurrent is for --task pendulum (got --task {args.task})")
+    out = args.out or ("models/pendulum-gru.npz" if args.recurrent else f"models/{args.task}.npz")
     if args.task == "pendulum":
-        return _pendulum(args, out)
+        return _pendulum_gru(args, out) if args.recurrent else _pendulum(args, out)
     import joblib
 
     from control_node.kernels.reference import reference_predict
@@ -71,6 +81,36 @@ def _pendulum(args, out):
     print(f"trained pendulum policy {' -> '.join(map(str, spec.layer_sizes))} ({spec.dtype}, seed {args.seed})")
     for th0, sc in zip(("pi (hanging)", "2.0", "-2.5", "0.3"), evaluate(spec)):
         print(f"offline, 50 Hz policy, start {th0}: {sc.line()}")
+    report = export_verified(spec, out)
+    print(f"kernel matches numpy reference on {report['checked']} samples (rtol {report['rtol']:g})")
+    print(f"wrote {out} (sha256 {spec.sha256[:16]})")
+    return 0
+
+
+def _pendulum_gru(args, out):
+    import time
+
+    from rich.progress import Progress
+
+    from control_node.errors import UserError
+    from control_node.train.pendulum import export_verified
+    from control_node.train.pendulum_gru import evaluate, train_pendulum_gru
+    if args.from_sklearn:
+        raise UserError("--from-sklearn is for --task iris")
+    if args.hidden and len(args.hidden) != 1:
+        raise UserError(f"--hidden {' '.join(map(str, args.hidden))}: with --recurrent give one size, the GRU's "
+                        "(e.g. --hidden 32)")
+    dtype = {"f64": "float64", "f32": "float32"}[args.dtype or "f32"]
+    t0 = time.monotonic()
+    with Progress(transient=True) as bar:
+        task = bar.add_task("training the GRU (BPTT, DAgger)", total=4)
+        spec = train_pendulum_gru(hidden=(args.hidden or [32])[0], dtype=dtype, seed=args.seed,
+                                  log=lambda m: bar.console.print(m),
+                                  progress=lambda i, n: bar.update(task, completed=i, total=n))
+    print(f"trained recurrent pendulum policy GRU {' -> '.join(map(str, spec.layer_sizes))} ({spec.dtype}, seed "
+          f"{args.seed}) in {time.monotonic() - t0:.1f} s; run it at 50 Hz ([loop] policy_rate_hz = 50)")
+    for th0, sc in zip(("pi (hanging)", "2.0", "-2.5", "0.3"), evaluate(spec)):
+        print(f"offline, compiled kernel at 50 Hz, state carried, start {th0}: {sc.line()}")
     report = export_verified(spec, out)
     print(f"kernel matches numpy reference on {report['checked']} samples (rtol {report['rtol']:g})")
     print(f"wrote {out} (sha256 {spec.sha256[:16]})")
