@@ -139,8 +139,9 @@ def summary_lines(run_dir, driver):
         rt = sim.get("round_trip_ns") or {}
         ms = lambda v: "n/a" if v is None else f"{v / 1e6:.3f} ms"  # noqa: E731
         acc = sim.get("accuracy")
+        held = (f"answered with a held action {sim['frames_held']}, " if sim.get("frames_held") else "")
         lines.append(f"{driver}: {sim.get('frames_sent')} frames, accuracy "
-                     f"{'n/a' if acc is None else f'{acc:.4f}'}, lost {sim.get('actions_lost')}, "
+                     f"{'n/a' if acc is None else f'{acc:.4f}'}, lost {sim.get('actions_lost')}, {held}"
                      f"round trip p50 {ms(rt.get('p50'))} p99 {ms(rt.get('p99'))}")
         if isinstance(sim.get("control"), dict) and sim["control"].get("line"):
             lines.append(f"{driver}: {sim['control']['line']}")          # the closed loop's score

@@ -114,6 +114,8 @@ class PendulumClient:
         t_ans = np.full(n_frames, -1, dtype=np.int64)
         u_ans = np.full(n_frames, np.nan)
         safe_ans = np.zeros(n_frames, dtype=bool)
+        served = np.zeros(n_frames, dtype=bool)   # an action (of this frame or an older one) came after it
+        last_f = -1
         tr_t, tr_theta, tr_u = np.empty(n), np.empty(n), np.empty(n)
         tr_safe = np.zeros(n, dtype=bool)
         pending = []                           # (due ns, torque, safe)
@@ -137,6 +139,8 @@ class PendulumClient:
                 except zmq.Again:
                     break
                 actions += 1
+                if last_f >= 0:
+                    served[last_f] = True
                 u = a.get("u")
                 if not u:
                     continue
@@ -156,6 +160,7 @@ class PendulumClient:
                     dropped += 1
                 else:
                     t_send[f] = time.monotonic_ns()
+                    last_f = f
                     self.pub.send(msgpack.packb({"seq": first_seq + f, "t_ns": int(t_send[f]), "x": obs}))
             if push_steps and k and k % push_steps == 0:
                 omega = max(-P.MAX_SPEED, min(P.MAX_SPEED, omega + self.push))
@@ -170,6 +175,10 @@ class PendulumClient:
                 "seq": np.arange(n_frames, dtype=np.int64) + first_seq, "t_send_ns": t_send, "t_action_ns": t_ans,
                 "rtt_ns": np.where(answered, t_ans - t_send, -1), "u_answer": u_ans, "safe_answer": safe_ans,
                 "frames_sent": int(sent.sum()), "frames_answered": int(answered.sum()), "dropped": dropped,
+                # not answered, yet an action came before the next frame: the node held its answer to an
+                # older frame (decimation, or the frame was superseded); lost: no action at all came
+                "frames_held": int((sent & ~answered & served).sum()),
+                "frames_lost": int((sent & ~answered & ~served).sum()),
                 "actions_received": actions, "safe_actions": safe_actions, "seq_base": first_seq, "t0_ns": t0}
 
 
@@ -182,7 +191,7 @@ def summarize(res, settings):
         "role": "sim", "task": "pendulum", "format": rundir.SUMMARY_FORMAT,
         "frames_sent": res["frames_sent"], "frames_answered": res["frames_answered"],
         "frames_dropped": res["dropped"], "actions_received": res["actions_received"],
-        "actions_lost": int(res["frames_sent"] - res["frames_answered"]), "safe_actions": res["safe_actions"],
+        "actions_lost": res["frames_lost"], "frames_held": res["frames_held"], "safe_actions": res["safe_actions"],
         "accuracy": None, "round_trip_ns": percentiles(rtt), "seq_base": res["seq_base"],
         "control": {"time_to_upright_s": sc.time_to_upright_s, "rms_error_rad": sc.rms_error_rad,
                     "effort": sc.effort, "falls": sc.falls, "duration_s": sc.duration_s, "line": sc.line(),

@@ -137,7 +137,8 @@ def run_html(rs: dict, pngs: dict) -> str:
                                                                   numeric_from=99))
     sm = rs.get("sim")
     if sm:
-        rows = [[_h(k), _h(sm.get(k))] for k in ("frames_sent", "actions_received", "actions_lost", "safe_actions")]
+        rows = [[_h(k), _h(sm.get(k))] for k in ("frames_sent", "actions_received", "actions_lost", "frames_held", "safe_actions")
+                if k != "frames_held" or sm.get(k) is not None]
         rows.append(["accuracy", "n/a (continuous policy)" if sm.get("policy") == "continuous"
                      else _h(sm.get("accuracy"))])
         if isinstance(sm.get("control"), dict) and sm["control"].get("line"):

@@ -190,7 +190,7 @@ def run_summary(run: Run) -> dict:
     if run.sim is not None:
         s = run.sim.summary
         out["sim"] = {"path": str(run.sim.path), "role": s.get("role"), **{k: s.get(k) for k in
-                      ("frames_sent", "actions_received", "actions_lost", "safe_actions", "accuracy", "stream",
+                      ("frames_sent", "actions_received", "actions_lost", "frames_held", "safe_actions", "accuracy", "stream",
                        "expected", "control", "task")},
                       "policy": s.get("policy", "argmax"),
                       "stats": sim_stats(run.sim)}

@@ -117,7 +117,9 @@ def print_terminal(summaries: list[dict], console=None) -> None:
             acc_text = ("n/a (continuous policy)" if sm.get("policy") == "continuous" or sm.get("control")
                         else "n/a" if acc is None else f"{acc:.4f}")
             console.print(f"{sm.get('role') or 'sim'}: {sm.get('frames_sent')} frames sent, {sm.get('actions_received')} actions received, "
-                          f"{sm.get('actions_lost')} lost, {sm.get('safe_actions')} safe, "
+                          f"{sm.get('actions_lost')} lost, "
+                          + (f"{sm['frames_held']} answered with a held action, " if sm.get("frames_held") else "")
+                          + f"{sm.get('safe_actions')} safe, "
                           f"accuracy {acc_text}")
             if isinstance(sm.get("control"), dict) and sm["control"].get("line"):
                 console.print(f"{sm.get('task') or 'sim'} {sm['control']['line']}")
