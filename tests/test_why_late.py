@@ -281,11 +281,16 @@ def test_a_quiet_gap_after_an_on_time_timer_is_the_hypervisor_only_in_a_vm():
     from control_node.diagnosis.attribution import classify, virtual_machine
     cause, fig = classify(400_000, 250_000, {("task", "python"): 9_000}, 0.0, True, 0, timer_late_ns=2_000,
                           in_vm=True)
-    assert cause == "hypervisor" and "on time" in fig["why"]
+    assert cause == "hypervisor" and "came 2 us after it was due, then nothing ran" in fig["why"]
     cause, fig = classify(400_000, 250_000, {("task", "python"): 9_000}, 0.0, True, 0, timer_late_ns=2_000)
     assert cause == "unknown" and fig["why"]
-    # no timer interrupt seen in the window: nothing to reason from
-    assert classify(400_000, 250_000, {}, 0.0, True, 0, in_vm=True)[0] == "unknown"
+    # no timer interrupt in the window: the loop did not sleep (it spun, or probed for a frame) and lost the
+    # time running, with nothing else on the core: in a VM the vCPU was stopped; without the trace, unknown
+    cause, fig = classify(400_000, 250_000, {}, 0.0, True, 0, in_vm=True)
+    assert cause == "hypervisor" and "no timer interrupt" in fig["why"]
+    assert classify(400_000, 250_000, {}, 0.0, False, 0, in_vm=True)[0] == "unknown"
+    # a small late timer (15 us of 16 us late) in a VM is its timer virtualisation
+    assert classify(300_000, 16_000, {}, 0.0, True, 0, timer_late_ns=15_000, in_vm=True)[0] == "hypervisor"
     # a cycle 100x its 5 us median (500 us) with nothing else seen: mid-cycle vCPU stall in a VM only
     assert classify(500_000, 495_000, {}, 0.0, True, 495_000, typical_ns=5_000, in_vm=True)[0] == "hypervisor"
     assert classify(500_000, 495_000, {}, 0.0, True, 495_000, typical_ns=5_000)[0] == "unknown"
@@ -312,8 +317,12 @@ def test_own_cycle_work_is_named_when_the_policy_is_slower_than_the_deadline(tmp
     summary, _ = load_run(os.path.join(runs, os.listdir(runs)[0]))
     w = summary["why_late"]
     assert w["enabled"] and summary["deadline_misses"] > 500
-    own = w["misses_by_cause"].get("own cycle work", 0)
-    assert own >= 0.9 * w["misses_attributed"], w["text"]
+    # per late cycle (a host stall also makes a miss here, and its skipped ticks count with it in the
+    # totals: a few 20 ms stalls would outweigh hundreds of cycles in misses_by_cause)
+    misses = [e for e in w["events"] if e["miss"]]
+    own = sum(e["cause"] == "own cycle work" for e in misses)
+    assert own >= 0.9 * len(misses), (w["text"], [e for e in misses if e["cause"] != "own cycle work"][:5])
+    assert w["misses_by_cause"]["own cycle work"] >= own
     assert w["text"].startswith(f"{w['misses_attributed']} misses: ")
     from control_node.bench.harness import run_cli
     rep = run_cli("report", os.path.join(runs, os.listdir(runs)[0]), env={"COLUMNS": "200"})

@@ -790,14 +790,18 @@ def classify(window_ns, lateness_ns, overlaps: dict, steal_ms, trace_ok: bool, o
         return "own cycle work", figures
     if steal_ms:
         return "hypervisor", figures
-    if trace_ok and in_vm and timer_late_ns is not None and own_ns == 0 and lateness_ns >= 20_000:
-        # the loop's timer interrupt came, on time, and woke it; then nothing the trace sees ran on the
-        # core (no task, no interrupt) until the loop did. A guest with its most urgent task runnable
-        # and nothing else to do loses that time only when the host is not running its vCPU. On bare
-        # metal an SMI or an idle-state exit could do it too: there it stays unknown
-        return "hypervisor", dict(figures, why=f"the loop's timer interrupt came on time ({timer_late_ns / 1e3:.0f} us), "
-                                               "then nothing ran on the core until the loop did: the vCPU was not "
-                                               "running (a virtual machine)")
+    if trace_ok and in_vm and own_ns == 0 and lateness_ns >= 10_000:
+        # the loop woke late and nothing the trace sees (no task, no interrupt) held the core. A guest with
+        # its most urgent task runnable and nothing else to do loses that time only while the host is not
+        # running its vCPU. On bare metal an SMI or an idle-state exit could do it too: there it stays
+        # unknown
+        if timer_late_ns is None:
+            how = ("no timer interrupt in the window: the loop was running (spinning to its tick or probing "
+                   "for a frame) and lost the time with nothing else on the core")
+        else:
+            how = (f"the loop's timer interrupt came {timer_late_ns / 1e3:.0f} us after it was due, then nothing ran "
+                   "on the core until the loop did")
+        return "hypervisor", dict(figures, why=how + ": the vCPU was not running (a virtual machine)")
     if not trace_ok:
         return "unknown", dict(figures, why="no trace of what ran on the core")
     return "unknown", dict(figures, why="nothing ran on the core and no interrupt came, but no steal was "
