@@ -47,7 +47,10 @@ def launch(cfg, duration, run_dir):
     with open(os.path.join(run_dir, "node", "summary.json")) as f:
         s = json.load(f)
     a = np.load(os.path.join(run_dir, "node", "cycles.npz"))
-    return s, a["wake_latency_ns"]
+    from control_node.rundir import FLAG_NEW_FRAME
+    new = (a["flags"] & FLAG_NEW_FRAME) != 0
+    # input age on the ticks that acted on a new frame: what phase lock is for
+    return s, a["wake_latency_ns"], a["input_age_ns"][new]
 
 
 def row_of(s, wake):
@@ -88,9 +91,11 @@ def main(argv=None) -> int:
     for r in range(args.rounds):
         for mode in ("off", "on"):
             print(f"round {r + 1}/{args.rounds}: demo, isolation {mode}, {args.duration:g} s ...", flush=True)
-            s, wake = launch(cfgs[mode], args.duration, os.path.join(tmp, f"{mode}-{r}"))
-            rows[mode].append(row_of(s, wake))
+            s, wake, age = launch(cfgs[mode], args.duration, os.path.join(tmp, f"{mode}-{r}"))
+            rows[mode].append(row_of(s, wake) | {"input_age_us": {k: float(np.percentile(age, q)) / 1e3 for k, q in
+                                                                   (("p50", 50), ("p99", 99))} if age.size else None})
             raw[f"{mode}_{r}_wake_ns"] = wake
+            raw[f"{mode}_{r}_input_age_ns"] = age
         print(f"round {r + 1}/{args.rounds}: cyclictest on core {cpu} beside the demo (node on core {other}) ...",
               flush=True)
         box = {}
@@ -113,7 +118,9 @@ def main(argv=None) -> int:
                   f" {x['late_over_period']:>9}  {x.get('deadline_misses', '')}")
     for mode in ("off", "on"):
         for i, x in enumerate(rows[mode]):
-            print(f"  {mode} {i + 1} why late: {x['why_late']}")
+            age = x.get("input_age_us")
+            print(f"  {mode} {i + 1} why late: {x['why_late']}"
+                  + (f"\n       input age (phase lock) p50 {age['p50']:.0f} us, p99 {age['p99']:.0f} us" if age else ""))
             if mode == "on":
                 print(f"       isolation: {x['isolation']}")
     shares = [x["late_time_named_share"] for m in ("off", "on") for x in rows[m] if x["late_time_named_share"] is not None]
