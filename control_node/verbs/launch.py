@@ -35,20 +35,14 @@ def ensure_model(path, task="iris"):
     how = "--task pendulum --recurrent gru" if task == "pendulum-gru" else f"--task {task}"
     say(f"model {path} is missing: training it (control-node train {how})")
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    if task == "pendulum-gru":
-        from control_node.train.pendulum import export_verified
-        from control_node.train.pendulum_gru import evaluate, train_pendulum_gru
-        spec = train_pendulum_gru()
-        export_verified(spec, path)
-        say(f"trained GRU {' -> '.join(map(str, spec.layer_sizes))} at 50 Hz; offline from hanging: "
+    if task.startswith("pendulum"):
+        from control_node.train import pendulum, pendulum_gru
+        train, evaluate, what = ((pendulum_gru.train_pendulum_gru, pendulum_gru.evaluate, "GRU at 50 Hz")
+                                 if task == "pendulum-gru" else (pendulum.train_pendulum, pendulum.evaluate, "MLP"))
+        spec = train()
+        pendulum.export_verified(spec, path)
+        say(f"trained {what} {' -> '.join(map(str, spec.layer_sizes))}; offline from hanging: "
             f"{evaluate(spec)[0].line()}; wrote {path}")
-        return
-    if task == "pendulum":
-        from control_node.train.pendulum import evaluate, export_verified, train_pendulum
-        spec = train_pendulum()
-        export_verified(spec, path)
-        say(f"trained {' -> '.join(map(str, spec.layer_sizes))}; offline from hanging: {evaluate(spec)[0].line()}; "
-            f"wrote {path}")
         return
     from control_node.train.iris import export_verified, train_iris
     spec = train_iris()

@@ -71,7 +71,7 @@ def run(args):
 
 
 def _pendulum(args, out):
-    from control_node.train.pendulum import evaluate, export_verified, train_pendulum
+    from control_node.train.pendulum import evaluate, train_pendulum
     if args.from_sklearn:
         from control_node.errors import UserError
         raise UserError("--from-sklearn is for --task iris")
@@ -79,8 +79,14 @@ def _pendulum(args, out):
     spec = train_pendulum(hidden=tuple(args.hidden or (64, 64)), dtype=dtype, seed=args.seed,
                           log=lambda m: print(m, flush=True))
     print(f"trained pendulum policy {' -> '.join(map(str, spec.layer_sizes))} ({spec.dtype}, seed {args.seed})")
-    for th0, sc in zip(("pi (hanging)", "2.0", "-2.5", "0.3"), evaluate(spec)):
-        print(f"offline, 50 Hz policy, start {th0}: {sc.line()}")
+    return _scored_export(spec, evaluate(spec), "50 Hz policy", out)
+
+
+def _scored_export(spec, scores, how, out):
+    """Print the offline scores from the four starts, prove the kernel, write the model file."""
+    from control_node.train.pendulum import export_verified
+    for th0, sc in zip(("pi (hanging)", "2.0", "-2.5", "0.3"), scores):
+        print(f"offline, {how}, start {th0}: {sc.line()}")
     report = export_verified(spec, out)
     print(f"kernel matches numpy reference on {report['checked']} samples (rtol {report['rtol']:g})")
     print(f"wrote {out} (sha256 {spec.sha256[:16]})")
@@ -93,7 +99,6 @@ def _pendulum_gru(args, out):
     from rich.progress import Progress
 
     from control_node.errors import UserError
-    from control_node.train.pendulum import export_verified
     from control_node.train.pendulum_gru import evaluate, train_pendulum_gru
     if args.from_sklearn:
         raise UserError("--from-sklearn is for --task iris")
@@ -109,9 +114,4 @@ def _pendulum_gru(args, out):
                                   progress=lambda i, n: bar.update(task, completed=i, total=n))
     print(f"trained recurrent pendulum policy GRU {' -> '.join(map(str, spec.layer_sizes))} ({spec.dtype}, seed "
           f"{args.seed}) in {time.monotonic() - t0:.1f} s; run it at 50 Hz ([loop] policy_rate_hz = 50)")
-    for th0, sc in zip(("pi (hanging)", "2.0", "-2.5", "0.3"), evaluate(spec)):
-        print(f"offline, compiled kernel at 50 Hz, state carried, start {th0}: {sc.line()}")
-    report = export_verified(spec, out)
-    print(f"kernel matches numpy reference on {report['checked']} samples (rtol {report['rtol']:g})")
-    print(f"wrote {out} (sha256 {spec.sha256[:16]})")
-    return 0
+    return _scored_export(spec, evaluate(spec), "compiled kernel at 50 Hz, state carried", out)
