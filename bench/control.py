@@ -7,8 +7,10 @@ the only things varied are the ones named: a transport delay added between obser
 share of policy ticks missed at random, and periodic stalls (no new action for S ms every 500 ms, as a host
 stall of the loop does); a missed tick holds the previous torque, as the node holds its action. Each
 setting is scored from several starts (time to upright, RMS angle error after settling, falls, effort).
-The same sweep through a real node and ZeroMQ is `control-node launch configs/pendulum.toml` with
-`--delay-us` on the simulator.
+``--through-node`` adds the delay sweep through a real node: for each delay, `control-node launch` of
+the packaged pendulum config (the node at 1 kHz, the same policy at 50 Hz via ``policy_rate_hz``, the
+pendulum simulator over ZeroMQ with ``--delay-us``), scored by the simulator, beside the in-process result
+for the same delay and start: what the real loop, sockets and scheduling add.
 """
 from __future__ import annotations
 
@@ -32,7 +34,8 @@ def _policy(model):
     return Policy(train_pendulum())
 
 
-def run_setting(policy, delay_ms=0.0, miss_rate=0.0, stall_ms=0.0, seed=0, duration_s=10.0, dt=0.001, every=20):
+def run_setting(policy, delay_ms=0.0, miss_rate=0.0, stall_ms=0.0, seed=0, duration_s=10.0, dt=0.001, every=20,
+                starts=STARTS):
     from control_node.sim import pendulum as P
     rng = np.random.default_rng(seed)
     out = np.zeros(1)
@@ -48,7 +51,7 @@ def run_setting(policy, delay_ms=0.0, miss_rate=0.0, stall_ms=0.0, seed=0, durat
         held[0] = float(out[0])
         return held[0]
     scores = []
-    for th0 in STARTS:
+    for th0 in starts:
         held[0], tick[0] = 0.0, 0
         t, th, u = P.rollout(controller, duration_s=duration_s, dt=dt, control_every=every, theta0=th0,
                              delay_steps=int(round(delay_ms / 1000 / dt)))
@@ -59,6 +62,44 @@ def run_setting(policy, delay_ms=0.0, miss_rate=0.0, stall_ms=0.0, seed=0, durat
             "time_to_upright_s": float(np.mean(ups)) if ups else None,
             "rms_error_deg": float(np.degrees(np.mean(rms))) if rms else None,
             "falls": int(sum(s.falls for s in scores)), "effort": float(np.mean([s.effort for s in scores]))}
+
+
+NODE_DELAYS_MS = (0, 40, 80, 120, 160, 300)
+NODE_STARTS = (np.pi, -2.0)
+
+
+def run_through_node(model_path, delay_ms, theta0, duration_s, tmp):
+    """One `control-node launch` of node + `sim pendulum` (policy at 50 Hz in the 1 kHz loop) with
+    ``delay_ms`` of added transport delay, from ``theta0``; the simulator's control score."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from control_node.bench.harness import CHILD_CWD, child_env, make_endpoint_dir
+    ep = make_endpoint_dir()
+    cfg = os.path.join(tmp, f"pendulum-{delay_ms:g}-{theta0:.2f}.toml")
+    with open(cfg, "w") as f:
+        f.write(f'[node]\nmodel = "{model_path}"\n[endpoints]\n'
+                + "".join(f'{k} = "ipc://{ep}/{k}"\n' for k in ("sensor", "action", "diagnostics"))
+                + '[loop]\nrate_hz = 1000.0\npolicy_rate_hz = 50.0\nphase_lock = true\n'
+                + '[watchdog]\nstale_after_ms = 20.0\nsafe_action = "offset"\n'
+                + f'[children.sim]\nargs = ["pendulum", "--delay-us", "{int(delay_ms * 1000)}", "--theta0", "{theta0}"]\n')
+    run_dir = os.path.join(tmp, os.path.basename(cfg)[:-5])
+    r = subprocess.run([sys.executable, "-m", "control_node", "launch", cfg, "--duration", str(duration_s),
+                        "--run-dir", run_dir], cwd=CHILD_CWD, env=child_env(), capture_output=True, text=True,
+                       timeout=duration_s + 120)
+    if r.returncode != 0:
+        raise RuntimeError(f"launch failed ({r.returncode}): {r.stdout[-2000:]}{r.stderr[-2000:]}")
+    with open(os.path.join(run_dir, "sim", "summary.json")) as f:
+        sim = json.load(f)
+    with open(os.path.join(run_dir, "node", "summary.json")) as f:
+        node = json.load(f)
+    c = sim["control"]
+    return {"delay_ms": delay_ms, "theta0": theta0, "time_to_upright_s": c["time_to_upright_s"],
+            "rms_error_deg": None if c["rms_error_rad"] is None else float(np.degrees(c["rms_error_rad"])),
+            "falls": c["falls"], "effort": c["effort"], "deadline_misses": node["deadline_misses"],
+            "round_trip_p50_ms": (sim.get("round_trip_ns") or {}).get("p50", 0) / 1e6}
 
 
 def plot(res, path):
@@ -94,6 +135,9 @@ def main(argv=None) -> int:
     ap.add_argument("--model", help="pendulum model file (default: train one now, a few seconds)")
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--plot", help="write the picture here (PNG)")
+    ap.add_argument("--through-node", action="store_true",
+                    help=f"also sweep the delay ({', '.join(f'{d:g}' for d in NODE_DELAYS_MS)} ms) through a real node "
+                         f"and the pendulum simulator, 10 s from each of {len(NODE_STARTS)} starts")
     a = ap.parse_args(argv)
     policy = _policy(a.model)
     res = {"machine": machine_info(), "model": policy.sha256, "starts_rad": list(STARTS),
@@ -115,6 +159,35 @@ def main(argv=None) -> int:
                 [row(r, f"{r['miss_rate']:.0%}") for r in res["misses"]], con)
     print_table("a stall every 500 ms (no new action for its length)", cols,
                 [row(r, f"{r['stall_ms']:g} ms") for r in res["stalls"]], con)
+    if a.through_node:
+        import os
+        import tempfile
+
+        from control_node.kernels import save_model
+        tmp = tempfile.mkdtemp(prefix="cn-bench-control-")
+        model_path = os.path.abspath(a.model) if a.model else os.path.join(tmp, "pendulum.npz")
+        if not a.model:
+            save_model(policy.spec, model_path)
+        rows = []
+        from rich.progress import Progress
+        with Progress(console=con, transient=True) as bar:
+            task = bar.add_task("through a real node", total=len(NODE_DELAYS_MS) * len(NODE_STARTS))
+            for d in NODE_DELAYS_MS:
+                for th0 in NODE_STARTS:
+                    node_r = run_through_node(model_path, d, th0, 10.0, tmp)
+                    off = run_setting(policy, delay_ms=d, starts=(th0,))
+                    rows.append({"node": node_r, "in_process": off})
+                    bar.advance(task)
+        res["through_node"] = rows
+
+        def fmt(up, rms, falls):
+            return ("never up" if up is None else f"up {up:.2f} s, RMS {rms:.2f} deg") + (f", {falls} falls" if falls else "")
+        print_table("added delay, through a real node (1 kHz loop, policy 50 Hz, ZeroMQ) vs in-process",
+                    ["delay", "start (rad)", "real node", "in-process", "node misses", "round trip p50"],
+                    [[f"{r['node']['delay_ms']:g} ms", f"{r['node']['theta0']:.2f}",
+                      fmt(r["node"]["time_to_upright_s"], r["node"]["rms_error_deg"], r["node"]["falls"]),
+                      fmt(r["in_process"]["time_to_upright_s"], r["in_process"]["rms_error_deg"], r["in_process"]["falls"]),
+                      str(r["node"]["deadline_misses"]), f"{r['node']['round_trip_p50_ms']:.2f} ms"] for r in rows], con)
     if a.plot:
         plot(res, a.plot)
         con.print(f"plot: {a.plot}")

@@ -448,6 +448,9 @@ class PolicyClient:
         from control_node.security import configure_client
         self.sock = self.ctx.socket(zmq.REQ)
         self.sock.setsockopt(zmq.LINGER, 0)
+        # REQ's send blocks while it has no connection: a CURVE handshake the node refuses drops the
+        # connection and reconnects, so without a send timeout a refused client could wait forever
+        self.sock.setsockopt(zmq.SNDTIMEO, max(1, int(self.timeout * 1000)))
         configure_client(self.sock, self.curve)
         self.sock.connect(self.endpoint)
 
@@ -457,8 +460,12 @@ class PolicyClient:
         from control_node.errors import UserError
         if self.sock is None:
             self._connect()
-        self.sock.send(msgpack.packb(msg, use_bin_type=True))
-        if not self.sock.poll(int(self.timeout * 1000), zmq.POLLIN):
+        try:
+            self.sock.send(msgpack.packb(msg, use_bin_type=True))
+            replied = self.sock.poll(int(self.timeout * 1000), zmq.POLLIN)
+        except zmq.Again:                   # not even sent within the timeout: no connection
+            replied = False
+        if not replied:
             self.close()
             raise UserError(f"no reply from a node's control endpoint {self.endpoint} within {self.timeout:g} s. "
                             "Fix: start the node (`control-node run` / `launch`), check [endpoints] control in "
