@@ -280,17 +280,22 @@ def test_a_quiet_gap_after_an_on_time_timer_is_the_hypervisor_only_in_a_vm():
     VM the vCPU was not running; on bare metal (an SMI? an idle exit?) it stays unknown, with why."""
     from control_node.diagnosis.attribution import classify, virtual_machine
     cause, fig = classify(400_000, 250_000, {("task", "python"): 9_000}, 0.0, True, 0, timer_late_ns=2_000,
-                          in_vm=True)
+                          in_vm=True, woke_late=True)
     assert cause == "hypervisor" and "came 2 us after it was due, then nothing ran" in fig["why"]
-    cause, fig = classify(400_000, 250_000, {("task", "python"): 9_000}, 0.0, True, 0, timer_late_ns=2_000)
+    cause, fig = classify(400_000, 250_000, {("task", "python"): 9_000}, 0.0, True, 0, timer_late_ns=2_000,
+                          woke_late=True)
     assert cause == "unknown" and fig["why"]
     # no timer interrupt in the window: the loop did not sleep (it spun, or probed for a frame) and lost the
     # time running, with nothing else on the core: in a VM the vCPU was stopped; without the trace, unknown
-    cause, fig = classify(400_000, 250_000, {}, 0.0, True, 0, in_vm=True)
+    cause, fig = classify(400_000, 250_000, {}, 0.0, True, 0, in_vm=True, woke_late=True)
     assert cause == "hypervisor" and "no timer interrupt" in fig["why"]
-    assert classify(400_000, 250_000, {}, 0.0, False, 0, in_vm=True)[0] == "unknown"
+    assert classify(400_000, 250_000, {}, 0.0, False, 0, in_vm=True, woke_late=True)[0] == "unknown"
     # a small late timer (15 us of 16 us late) in a VM is its timer virtualisation
-    assert classify(300_000, 16_000, {}, 0.0, True, 0, timer_late_ns=15_000, in_vm=True)[0] == "hypervisor"
+    assert classify(300_000, 16_000, {}, 0.0, True, 0, timer_late_ns=15_000, in_vm=True,
+                    woke_late=True)[0] == "hypervisor"
+    # woke 26 us late, then worked 65 us past a 5 us deadline: late mostly by its own work
+    assert classify(300_000, 86_000, {}, 0.0, True, 65_000, timer_late_ns=20_000, typical_ns=60_000, in_vm=True,
+                    woke_late=True)[0] == "own cycle work"
     # a cycle 100x its 5 us median (500 us) with nothing else seen: mid-cycle vCPU stall in a VM only
     assert classify(500_000, 495_000, {}, 0.0, True, 495_000, typical_ns=5_000, in_vm=True)[0] == "hypervisor"
     assert classify(500_000, 495_000, {}, 0.0, True, 495_000, typical_ns=5_000)[0] == "unknown"

@@ -736,13 +736,14 @@ def _steal_ms(steal, t0, t1) -> float | None:
 
 
 def classify(window_ns, lateness_ns, overlaps: dict, steal_ms, trace_ok: bool, own_ns: int,
-             timer_late_ns=None, typical_ns=None, irq_held_ns=0, in_vm=False) -> tuple[str, dict]:
+             timer_late_ns=None, typical_ns=None, irq_held_ns=0, in_vm=False, woke_late=False) -> tuple[str, dict]:
     """A cause and the figures behind it for one late cycle. ``overlaps``: evidence in the window;
     ``own_ns``: the cycle's own work beyond its deadline share (0 when it woke late); ``timer_late_ns``:
     how late the core's first timer interrupt of the window came after the loop's wake-up timer was due
     (None: none seen); ``irq_held_ns``: how much of that delay other interrupt handlers (which run with
     interrupts off) were running; ``typical_ns``: the run's median cycle time (own work far beyond it is
-    not named); ``in_vm``: the CPU says it runs under a hypervisor.
+    not named); ``in_vm``: the CPU says it runs under a hypervisor; ``woke_late``: the loop woke late (its
+    own work then counts only past the wake-up).
     The loop's own timer interrupts are not a cause: they are how it wakes."""
     overlaps = {k: v for k, v in overlaps.items() if k != ("vector", "local_timer")}
     foreign = {k: v for k, v in overlaps.items() if k[0] not in ("page fault", "faults")}
@@ -790,7 +791,7 @@ def classify(window_ns, lateness_ns, overlaps: dict, steal_ms, trace_ok: bool, o
         return "own cycle work", figures
     if steal_ms:
         return "hypervisor", figures
-    if trace_ok and in_vm and own_ns == 0 and lateness_ns >= 10_000:
+    if trace_ok and in_vm and woke_late and lateness_ns >= 10_000:
         # the loop woke late and nothing the trace sees (no task, no interrupt) held the core. A guest with
         # its most urgent task runnable and nothing else to do loses that time only while the host is not
         # running its vCPU. On bare metal an SMI or an idle-state exit could do it too: there it stays
@@ -895,12 +896,14 @@ def attribute(recorder: Recorder | None, arrays: dict, period_ns: int, deadline_
                           if k[0] not in ("page fault", "faults") and k != ("vector", "local_timer"))
         else:
             ov, timer_late, in_work, irq_held = {}, None, 0, 0
-        own = 0 if woke_late else max(0, c - in_work)
+        # the cycle's own work: its time from wake-up to publish that nothing else took (a cycle that
+        # woke late and then worked long is late mostly by its own work when that is the larger part)
+        own = max(0, c - in_work)
         # steal is accounted at the next scheduler tick and sampled every 5 ms, in 10 ms units: look a
         # little past the window
         sm = _steal_ms(steal, t0 - 5_000_000, t1 + 10_000_000)
         cause, fig = classify(t1 - t0, late, ov, sm, trace_ok, own,
-                              timer_late, typical, irq_held, in_vm)
+                              timer_late, typical, irq_held, in_vm, woke_late)
         _account(rows, totals, late_ns, cyc, wake, ct, tick, flags, i, period_ns, deadline_ns, cause, fig)
         total_misses += rows[-1]["miss"] * (1 + rows[-1]["ticks_skipped_after"])
         cause_at[i] = (cause, int(cyc[i]))
