@@ -102,9 +102,12 @@ def soak(duration, interval, warmup, model=None, keep=None, rate=1000.0, log=pri
         log(sim_out)
     after = [s for s in samples if s["t_s"] >= warmup] or samples[-1:]
     rss_after_warmup = after[0]["rss_bytes"]
-    # fds while the simulator is connected (after the warm-up), and at the start/end without peers
-    # (the simulator streams for `duration` after it connected: samples up to `duration` are inside that)
-    steady = [s for s in after if s["sim_running"] and s["t_s"] <= duration]
+    # fds while the simulator is connected (after the warm-up, counted from its connection: on a loaded
+    # machine its start-up alone took 4 s once), and at the start/end without peers (the simulator streams
+    # for `duration` after it connected)
+    connected = next((s["t_s"] for s in samples if s["num_fds"] > fds_no_peers_start), 0.0)
+    # (``connected`` is the first sample that saw it: it connected up to one interval before)
+    steady = [s for s in samples if s["sim_running"] and connected + warmup <= s["t_s"] <= connected + duration - interval]
     fds = [s["num_fds"] for s in steady] or [s["num_fds"] for s in samples]
     cycles = ns["cycles"]
     report = {
@@ -124,6 +127,7 @@ def soak(duration, interval, warmup, model=None, keep=None, rate=1000.0, log=pri
         "rss_growth_after_warmup_bytes": samples[-1]["rss_bytes"] - rss_after_warmup,
         "fds_min": min(fds), "fds_max": max(fds), "fds_constant": min(fds) == max(fds),
         "fds_no_peers_start": fds_no_peers_start, "fds_no_peers_end": samples[-1]["num_fds"],
+        "sim_connected_s": connected,
         "n_samples": len(samples),
         "rt": {k: v.get("granted") for k, v in ns.get("rt", {}).items()},
         "sim": None if sim_summary is None else {
