@@ -28,6 +28,7 @@ cdef extern from "mlp_core.h" nogil:
         int dims[MLP_MAX_LAYERS + 1]
         int pdims[MLP_MAX_LAYERS + 1]
         int dot_form[MLP_MAX_LAYERS]
+        int small_layout
         int specialised
         const char *isa
         const double *mean
@@ -70,6 +71,7 @@ cdef extern from "mlp_core.h" nogil:
         int dims[MLP_MAX_LAYERS + 1]
         int pdims[MLP_MAX_LAYERS + 1]
         int dot_form[MLP_MAX_LAYERS]
+        int small_layout
         int specialised
         const char *isa
         const double *mean

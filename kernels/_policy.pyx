@@ -30,16 +30,24 @@ cdef inline int _pad(int n, int lanes):
 def _choose_dot_form(int n_in, int n_out, int itemsize):
     """Pick the layout for one dense layer, counted in 32-byte vector operations.
 
-    axpy: every input is broadcast (~1/2) and scales a padded output row
-    (n_in x padded-outputs FMAs); dot: a padded dot product per output, outputs
-    padded to one vector, plus a transpose-and-add tree (~2 per output vector).
+    axpy: every input is broadcast (~1/2) and scales a row of outputs padded to whole
+    ``MLP_PANEL_BYTES`` panels (n_in x padded-outputs FMAs); dot: a padded dot product per
+    output, outputs padded to one vector, plus a transpose-and-add tree (~2 per output vector).
     Narrow heads (16 -> 3) come out dot, wide layers axpy, ties dot. (Small
     one-hidden-layer policies skip this: see ``mlp_small_shape``.)
     """
-    cdef int lanes = 32 // itemsize, block = BLOCK_BYTES // itemsize
-    axpy = n_in * (_pad(n_out, block) // lanes) + n_in / 2
+    cdef int lanes = 32 // itemsize, block = BLOCK_BYTES // itemsize, panel = MLP_PANEL_BYTES // itemsize
+    axpy = n_in * (_pad(n_out, panel) // lanes) + n_in / 2
     dot = _pad(n_out, lanes) * (_pad(n_in, block) // lanes) + 2 * (_pad(n_out, lanes) // lanes)
     return dot <= axpy
+
+
+def _in_panels(W, int PW):
+    """(n_in, n_out) -> the kernel's panel layout (n_out padded to PW: (panels, n_in, PW)), flat."""
+    n_in, n_out = W.shape
+    cols = np.zeros((n_in, _pad(n_out, PW)), W.dtype)
+    cols[:, :n_out] = W
+    return cols.reshape(n_in, -1, PW).transpose(1, 0, 2).ravel()
 
 
 cdef class Policy:
@@ -84,13 +92,17 @@ cdef class Policy:
         scale[:] = 1.0
         scale[:n_obs] = spec.scale
         arrays += [mean, scale]
-        acts = [_aligned_zeros(_pad(d, lanes), dtype) for d in dims]
+        cdef int PW = MLP_PANEL_BYTES // np.dtype(dtype).itemsize
+        acts = [_aligned_zeros(_pad(d, PW), dtype) for d in dims]     # axpy layers write whole panels
         arrays += acts
         cdef Py_ssize_t l
         cdef cnp.ndarray Wp, bp, act
         itemsize = np.dtype(dtype).itemsize
         # small one-hidden-layer policies run compile-time-shaped kernels that take this layout
-        small = mlp_small_shape(n_layers, dims[0], dims[1], dims[n_layers], itemsize) and not spec.recurrent
+        # (the shape and what those kernels compute: mlp_core.h MLP_SMALL_FITS, which picks them)
+        small = (mlp_small_shape(n_layers, dims[0], dims[1], dims[n_layers], itemsize) and not spec.recurrent
+                 and list(spec.activations) == ["relu", "identity"] and spec.head == "argmax"
+                 and not spec.has_preprocessing)
         for l in range(n_layers):
             W, b = spec.layers[l]
             n_in, n_out = W.shape
@@ -98,10 +110,13 @@ cdef class Policy:
             if dot:     # rows padded to 64 bytes of outputs (zero rows): outputs go a vector at a time
                 Wp = _aligned_zeros(_pad(n_out, lanes) * _pad(n_in, lanes), dtype)
                 Wp.reshape(_pad(n_out, lanes), _pad(n_in, lanes))[:n_out, :n_in] = W.T
-            else:   # rows padded too (zero rows): the small kernels run over whole padded widths
+            elif small:   # rows padded too (zero rows): the small kernels run over whole padded widths
                 Wp = _aligned_zeros(_pad(n_in, lanes) * _pad(n_out, lanes), dtype)
                 Wp.reshape(_pad(n_in, lanes), _pad(n_out, lanes))[:n_in, :n_out] = W
-            bp = _aligned_zeros(_pad(n_out, lanes), dtype)
+            else:   # in panels: each pass of the kernel streams its weights in order
+                Wp = _aligned_zeros(n_in * _pad(n_out, PW), dtype)
+                Wp[:] = _in_panels(np.asarray(W, dtype), PW)
+            bp = _aligned_zeros(_pad(n_out, PW), dtype)
             bp[:n_out] = b
             arrays += [Wp, bp]
             if self._is_f32:
@@ -184,9 +199,16 @@ cdef class Policy:
         if spec.recurrent:
             arrays += self._setup_recurrent(spec, dtype, lanes, acts[0])
         if self._is_f32:
+            self._m32.small_layout = small
             mlp_f32_init(&self._m32)        # picks ISA and, for small shapes, a specialised kernel
+            picked = self._m32.specialised
         else:
+            self._m64.small_layout = small
             mlp_f64_init(&self._m64)
+            picked = self._m64.specialised
+        if bool(picked) != bool(small):     # the two layouts differ: a mismatch would compute garbage
+            raise RuntimeError(f"kernel layout: laid out {'small' if small else 'generic'}, "
+                               f"but mlp_core.h picked {'small' if picked else 'generic'} kernels")
         self.n_actions = spec.n_actions
         self._u = _aligned_zeros(_pad(self.n_actions, 8), np.float64)
         self._u_ptr = <double *> cnp.PyArray_DATA(self._u)
@@ -213,14 +235,14 @@ cdef class Policy:
         cdef cnp.ndarray xin = _aligned_zeros(_pad(n_obs, lanes), dtype)
         cdef cnp.ndarray hb = h_buf
         cdef cnp.ndarray cb = _aligned_zeros(pH, dtype)
-        Wx_cols, Wh_cols = np.zeros((n_obs, pg), dtype), np.zeros((H, pg), dtype)     # row-major, then paneled
+        Wx_cols, Wh_cols = np.zeros((n_obs, pg), dtype), np.zeros((H, pg), dtype)     # row-major, then in panels
         for g in range(G):           # torch rows g*H .. (g+1)*H - 1 are gate g
             Wx_cols[:, g * pH:g * pH + H] = spec.rnn_W_ih[g * H:(g + 1) * H, :].T
             Wh_cols[:, g * pH:g * pH + H] = spec.rnn_W_hh[g * H:(g + 1) * H, :].T
             bx[g * pH:g * pH + H] = spec.rnn_b_ih[g * H:(g + 1) * H]
             bh[g * pH:g * pH + H] = spec.rnn_b_hh[g * H:(g + 1) * H]
-        Wx.reshape(pg // PW, n_obs, PW)[:] = Wx_cols.reshape(n_obs, pg // PW, PW).transpose(1, 0, 2)
-        Wh.reshape(pg // PW, H, PW)[:] = Wh_cols.reshape(H, pg // PW, PW).transpose(1, 0, 2)
+        Wx[:] = _in_panels(Wx_cols, PW)
+        Wh[:] = _in_panels(Wh_cols, PW)
         lstm = spec.recurrent == "lstm"
         kind = MLP_RNN_LSTM if lstm else MLP_RNN_GRU
         if self._is_f32:

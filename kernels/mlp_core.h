@@ -24,17 +24,20 @@
  *
  * Layout (set up once by kernels/_policy.pyx, never changed afterwards):
  *   act[0]      normalised input, padded to pdims[0] lanes (pad lanes stay 0)
- *   act[l + 1]  output of dense layer l, padded to pdims[l + 1]. Pad lanes hold act(0) (0, or
+ *   act[l + 1]  output of dense layer l, padded to pdims[l + 1] (the buffer to whole panels,
+ *               which an axpy layer writes). Pad lanes hold act(0) (0, or
  *               0.5 for sigmoid, ln 2 for softplus): finite, and they only ever meet zero weights.
  *               An infinite input can make them NaN (inf * 0), which can only turn the answer
  *               into the safe one (-1), never into a class or an action.
- *   W[l]        "axpy" form (dot_form[l] == 0): (pdims[l], pdims[l+1]) row-major,
- *               so one input value scales one contiguous row of outputs;
+ *   W[l]        "axpy" form (dot_form[l] == 0): the (dims[l], pdims[l+1]) matrix, outputs padded
+ *               to whole MLP_PANEL_BYTES panels and stored panel by panel ((panels, dims[l], PW)),
+ *               so one input value scales one contiguous panel row of outputs and a pass reads
+ *               memory in order (the small kernels below take it row-major, (pdims[l], P1));
  *               "dot" form (dot_form[l] == 1): (pdims[l+1], pdims[l]) row-major
  *               (rows padded to 64 bytes of outputs), one contiguous dot product per output.
  *               Narrow outputs (the 3-class head) are cheaper as dot products,
  *               wide ones as axpy. Pad rows and columns are 0.
- *   b[l]        padded to pdims[l+1], pad lanes 0.
+ *   b[l]        padded to pdims[l+1] (axpy: to whole panels), pad lanes 0.
  *   mean, scale float64, padded to 64 bytes (pad lanes: mean 0, scale 1).
  * Padding to a whole 64-byte block means the vector loops need no tail code:
  * a 4 -> 13 -> 3 policy runs on 16-lane rows whose last 3 lanes are zero.
@@ -67,7 +70,7 @@ enum { MLP_ACT_IDENTITY = 0, MLP_ACT_RELU = 1, MLP_ACT_ELU = 2, MLP_ACT_SELU = 3
 enum { MLP_HEAD_ARGMAX = 0, MLP_HEAD_CONTINUOUS = 1 };
 enum { MLP_RNN_NONE = 0, MLP_RNN_LSTM = 1, MLP_RNN_GRU = 2 };     /* model_file.py RECURRENT, in this order */
 #define MLP_BLOCK_BYTES 64   /* padding and alignment of every row */
-#define MLP_PANEL_BYTES 256  /* recurrent gate matrices: column panels of this width (4 AVX-512 vectors) */
+#define MLP_PANEL_BYTES 256  /* axpy matrices: column panels of this width (8 AVX2 / 4 AVX-512 vectors) */
 
 #if defined(__GNUC__)
 #define MLP_INLINE static inline __attribute__((always_inline))
@@ -79,29 +82,29 @@ enum { MLP_RNN_NONE = 0, MLP_RNN_LSTM = 1, MLP_RNN_GRU = 2 };     /* model_file.
 /* Accumulators are GCC vector-extension values, not arrays: arrays get spilled to
  * the stack with mixed-width stores and reloads, and the failed store-to-load
  * forwarding costs more than the arithmetic. One VT is one register (32 bytes
- * with AVX2, 16 with SSE2); NB counts them. */
-#define MLP_AXPY_NB(T, VT, NAME, NB, SETS)                                            \
+ * with AVX2, 16 with SSE2); NB counts them (8 hide the FMA latency on two pipes).
+ * W is one panel (see NAME##SFX##_panels): row i of the NB vectors is at W + i * stride,
+ * and the rows follow each other in memory, so the pass streams it in order; the
+ * software prefetch MLP_PREFETCH_BYTES ahead keeps the lines coming from L3 when the
+ * weights do not fit L2 (measured: 16.7 -> 11.6 us for 48-512-256-128-12 float32 on
+ * Zen 3, docs/benchmarks.md). Prefetches do not fault, so reading past the end is safe. */
+#define MLP_PREFETCH_BYTES 1024
+#define MLP_AXPY_NB(T, VT, NAME, NB)                                                  \
 MLP_INLINE void NAME##_axpy_nb##NB(const T *restrict in, int n_in,                    \
                                    const T *restrict W, int stride,                   \
                                    const T *restrict b, T *restrict out, int relu) {  \
-    VT acc0[NB], acc1[NB];                                                            \
-    for (int q = 0; q < NB; q++) { acc0[q] = ((const VT *)b)[q]; acc1[q] = (VT){0}; } \
-    int i = 0;                                                                        \
-    if (SETS == 2) {                                                                  \
-        for (; i + 1 < n_in; i += 2) {                                                \
-            const T x0 = in[i], x1 = in[i + 1];                                       \
-            const VT *w0 = (const VT *)(W + (size_t)i * stride);                      \
-            const VT *w1 = (const VT *)(W + (size_t)(i + 1) * stride);                \
-            for (int q = 0; q < NB; q++) { acc0[q] += x0 * w0[q]; acc1[q] += x1 * w1[q]; } \
-        }                                                                             \
-    }                                                                                 \
-    for (; i < n_in; i++) {                                                           \
+    enum { LINES = (NB * (int)sizeof(VT) + 63) / 64 };                                \
+    VT acc[NB];                                                                       \
+    for (int q = 0; q < NB; q++) acc[q] = ((const VT *)b)[q];                         \
+    for (int i = 0; i < n_in; i++) {                                                  \
         const T x0 = in[i];                                                           \
         const VT *w0 = (const VT *)(W + (size_t)i * stride);                          \
-        for (int q = 0; q < NB; q++) acc0[q] += x0 * w0[q];                           \
+        for (int k = 0; k < LINES; k++)                                               \
+            __builtin_prefetch((const char *)w0 + MLP_PREFETCH_BYTES + 64 * k, 0, 3); \
+        for (int q = 0; q < NB; q++) acc[q] += x0 * w0[q];                            \
     }                                                                                 \
     for (int q = 0; q < NB; q++) {                                                    \
-        VT v = acc0[q] + acc1[q];                                                     \
+        VT v = acc[q];                                                                \
         if (relu) v = NAME##_relu(v);                                                 \
         ((VT *)out)[q] = v;                                                           \
     }                                                                                 \
@@ -174,6 +177,7 @@ struct NAME##_s {                                                               
     int head;                             /* MLP_HEAD_* */                            \
     int squash;                           /* continuous: tanh before the clip */      \
     const double *act_lo, *act_hi, *act_off, *act_scale;             /* (dims[L],) */ \
+    int small_layout;                     /* 1: laid out for the small kernels (row-major W[0]) */ \
     int specialised;                      /* 1: a small-shape kernel was chosen */    \
     const char *isa;                      /* the vector copy chosen: "avx512", ... */ \
     int rnn;                              /* MLP_RNN_*: recurrent layer before the dense ones */ \
@@ -215,26 +219,30 @@ MLP_INLINE void NAME##SFX##_activate_row(T *restrict out, int pn, int code, T al
     default: break;                    /* identity, and ReLU (fused into the layer) */ \
     }                                                                                 \
 }                                                                                     \
-/* axpy form, NB blocks of BLK outputs at once: accumulators stay in registers. */ \
-/* NB <= 2 keeps two accumulator sets (even/odd inputs) to halve the FMA chain. */  \
-MLP_AXPY_NB(T, VT, NAME##SFX, 1, 2)                                                   \
-MLP_AXPY_NB(T, VT, NAME##SFX, 2, 2)                                                   \
-MLP_AXPY_NB(T, VT, NAME##SFX, 3, 1)                                                   \
-MLP_AXPY_NB(T, VT, NAME##SFX, 4, 1)                                                   \
+/* axpy form on panels: 8 (or 4 when a panel holds only 4) vectors of outputs at once. */ \
+MLP_AXPY_NB(T, VT, NAME##SFX, 4)                                                      \
+MLP_AXPY_NB(T, VT, NAME##SFX, 8)                                                      \
 MLP_TSUM_##BLK(VT, VI, NAME##SFX)                                                     \
                                                                                       \
+/* out = b + W^T in for W in panels (pg / PW panels of (n_in, PW) values, PW = 256 bytes, */ \
+/* each contiguous): one pass of the 8-vector kernel per panel (two with 16-byte vectors; */ \
+/* a 4-vector pass with 64-byte ones). Dense axpy layers and the recurrent gates use it. */ \
+MLP_INLINE void NAME##SFX##_panels(const T *restrict in, int n_in, const T *restrict W,   \
+                                   const T *restrict b, T *restrict out, int pg, int relu) { \
+    enum { PW = MLP_PANEL_BYTES / (int)sizeof(T), NBP = PW / BLK >= 8 ? 8 : 4, STEP = NBP * BLK }; \
+    for (int p0 = 0; p0 < pg; p0 += PW) {                                             \
+        const T *Wp = W + (size_t)p0 * n_in;                                          \
+        for (int q = 0; q < PW; q += STEP) {                                          \
+            if (NBP == 8) NAME##SFX##_axpy_nb8(in, n_in, Wp + q, PW, b + p0 + q, out + p0 + q, relu); \
+            else NAME##SFX##_axpy_nb4(in, n_in, Wp + q, PW, b + p0 + q, out + p0 + q, relu); \
+        }                                                                             \
+    }                                                                                 \
+}                                                                                     \
 MLP_INLINE void NAME##SFX##_layer_axpy(const T *restrict in, int n_in,                \
                                   const T *restrict W, const T *restrict b,           \
                                   T *restrict out, int pn_out, int relu) {            \
-    int j0 = 0;                                                                       \
-    for (; pn_out - j0 >= 4 * BLK; j0 += 4 * BLK)                                     \
-        NAME##SFX##_axpy_nb4(in, n_in, W + j0, pn_out, b + j0, out + j0, relu);       \
-    switch ((pn_out - j0) / BLK) {                                                    \
-    case 3: NAME##SFX##_axpy_nb3(in, n_in, W + j0, pn_out, b + j0, out + j0, relu); break; \
-    case 2: NAME##SFX##_axpy_nb2(in, n_in, W + j0, pn_out, b + j0, out + j0, relu); break; \
-    case 1: NAME##SFX##_axpy_nb1(in, n_in, W + j0, pn_out, b + j0, out + j0, relu); break; \
-    default: break;                                                                   \
-    }                                                                                 \
+    enum { PW = MLP_PANEL_BYTES / (int)sizeof(T) };                                   \
+    NAME##SFX##_panels(in, n_in, W, b, out, (pn_out + PW - 1) / PW * PW, relu);       \
 }                                                                                     \
                                                                                       \
 /* dot form: BLK outputs at a time, one partial-sum vector each (the inputs run in */ \
@@ -311,17 +319,6 @@ MLP_INLINE void NAME##SFX##_body(NAME *m, const double *x) {                    
     NAME##SFX##_dense(m);                                                             \
 }                                                                                     \
                                                                                       \
-/* out = b + W^T in for W in panels (pg / PW panels of (n_in, PW) values, PW = 256 bytes): */ \
-/* each panel in PW / (4 BLK) passes of the 4-vector axpy kernel at stride PW. */     \
-MLP_INLINE void NAME##SFX##_panels(const T *restrict in, int n_in, const T *restrict W,   \
-                                   const T *restrict b, T *restrict out, int pg) {   \
-    enum { PW = MLP_PANEL_BYTES / (int)sizeof(T), STEP = 4 * BLK };                   \
-    for (int p0 = 0; p0 < pg; p0 += PW) {                                             \
-        const T *Wp = W + (size_t)p0 * n_in;                                          \
-        for (int q = 0; q < PW; q += STEP)                                            \
-            NAME##SFX##_axpy_nb4(in, n_in, Wp + q, PW, b + p0 + q, out + p0 + q, 0);  \
-    }                                                                                 \
-}                                                                                     \
 /* The gates' nonlinearities on gx, gh and the new state in place, then the finiteness check (see */ \
 /* NAME##SFX##_rnn_step). */                                                          \
 MLP_INLINE int NAME##SFX##_rnn_gates(NAME *m, const int pH, const int nv, const int lstm) { \
@@ -367,8 +364,8 @@ MLP_INLINE int NAME##SFX##_rnn_gates(NAME *m, const int pH, const int nv, const 
 /* the new state is not finite (the state is then zero and *resets incremented). */  \
 MLP_INLINE int NAME##SFX##_rnn_step(NAME *m) {                                        \
     const int pH = m->pH, nv = pH / BLK, lstm = m->rnn == MLP_RNN_LSTM;               \
-    NAME##SFX##_panels(m->xin, m->n_obs, m->Wx, m->bx, m->gx, m->pg);                 \
-    NAME##SFX##_panels(m->h, m->H, m->Wh, m->bh, m->gh, m->pg);                       \
+    NAME##SFX##_panels(m->xin, m->n_obs, m->Wx, m->bx, m->gx, m->pg, 0);                 \
+    NAME##SFX##_panels(m->h, m->H, m->Wh, m->bh, m->gh, m->pg, 0);                       \
     return NAME##SFX##_rnn_gates(m, pH, nv, lstm);                                    \
 }                                                                                     \
 MLP_INLINE int NAME##SFX##_rnn_body(NAME *m, const double *x) {                       \
@@ -560,7 +557,7 @@ static inline int mlp_small_shape(int n_layers, int n_in, int n_hidden, int n_ou
 #define MLP_SMALL_FITS(m) (mlp_small_shape((m)->n_layers, (m)->dims[0], (m)->dims[1], (m)->dims[2], \
                                                (int)sizeof(**(m)->W)) && !(m)->dot_form[0] && (m)->dot_form[1] \
                            && (m)->act_code[0] == MLP_ACT_RELU && (m)->act_code[1] == MLP_ACT_IDENTITY \
-                           && (m)->head == MLP_HEAD_ARGMAX && !(m)->pre && !(m)->rnn)
+                           && (m)->head == MLP_HEAD_ARGMAX && !(m)->pre && !(m)->rnn && (m)->small_layout)
 
 /* x86 MAXPD/MAXPS return the second operand when either is NaN: max(0, v) keeps NaN. */
 #define MLP_RELU_MAXPD256(v) __builtin_ia32_maxpd256((mlp_v4d){0}, (v))

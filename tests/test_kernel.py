@@ -87,7 +87,7 @@ def test_both_layer_layouts_are_exercised(make_spec):
     assert Policy(make_spec([12, 200, 3])).layout == ["axpy", "dot"]
     assert "dot" in Policy(make_spec([3, 1024, 3], dtype="float32")).layout
     assert Policy(make_spec([1000, 9, 2])).layout == ["dot", "dot"]
-    assert Policy(make_spec([1000, 3, 2], dtype="float32")).layout == ["dot", "axpy"]
+    assert Policy(make_spec([1000, 3, 40], dtype="float32")).layout == ["dot", "axpy"]
 
 
 def test_predict_on_iris(iris_spec):
