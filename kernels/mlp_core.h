@@ -86,11 +86,15 @@ enum { MLP_RNN_NONE = 0, MLP_RNN_LSTM = 1, MLP_RNN_GRU = 2 };     /* model_file.
  * W is one panel (see NAME##SFX##_panels): row i of the NB vectors is at W + i * stride,
  * and the rows follow each other in memory, so the pass streams it in order; the
  * software prefetch MLP_PREFETCH_BYTES ahead keeps the lines coming from L3 when the
- * weights do not fit L2 (measured: 16.7 -> 11.6 us for 48-512-256-128-12 float32 on
- * Zen 3, docs/benchmarks.md). Prefetches do not fault, so reading past the end is safe. */
+ * weights do not fit L2 (measured in a C sketch of 48-512-256-128-12 float32 on this Zen 3
+ * guest: row-major 16.7 us, panels 12.6 us, panels + prefetch 11.6 us, medians). Prefetches
+ * do not fault, so reading past the end is safe. */
 #define MLP_PREFETCH_BYTES 1024
-#define MLP_AXPY_NB(T, VT, NAME, NB)                                                  \
-MLP_INLINE void NAME##_axpy_nb##NB(const T *restrict in, int n_in,                    \
+/* ... only for a matrix larger than this: for one that stays in L1 / L2 the prefetches are */
+/* pure overhead (4 extra instructions per 8 FMAs; PPO 3-64-64-1 ran 264 -> 326 ns with them). */
+#define MLP_PREFETCH_MIN_BYTES (256 * 1024)
+#define MLP_AXPY_NB(T, VT, NAME, NB, PF, SUFFIX)                                      \
+MLP_INLINE void NAME##_axpy_nb##NB##SUFFIX(const T *restrict in, int n_in,            \
                                    const T *restrict W, int stride,                   \
                                    const T *restrict b, T *restrict out, int relu) {  \
     enum { LINES = (NB * (int)sizeof(VT) + 63) / 64 };                                \
@@ -99,8 +103,9 @@ MLP_INLINE void NAME##_axpy_nb##NB(const T *restrict in, int n_in,              
     for (int i = 0; i < n_in; i++) {                                                  \
         const T x0 = in[i];                                                           \
         const VT *w0 = (const VT *)(W + (size_t)i * stride);                          \
-        for (int k = 0; k < LINES; k++)                                               \
-            __builtin_prefetch((const char *)w0 + MLP_PREFETCH_BYTES + 64 * k, 0, 3); \
+        if (PF)                                                                       \
+            for (int k = 0; k < LINES; k++)                                           \
+                __builtin_prefetch((const char *)w0 + MLP_PREFETCH_BYTES + 64 * k, 0, 3); \
         for (int q = 0; q < NB; q++) acc[q] += x0 * w0[q];                            \
     }                                                                                 \
     for (int q = 0; q < NB; q++) {                                                    \
@@ -220,8 +225,10 @@ MLP_INLINE void NAME##SFX##_activate_row(T *restrict out, int pn, int code, T al
     }                                                                                 \
 }                                                                                     \
 /* axpy form on panels: 8 (or 4 when a panel holds only 4) vectors of outputs at once. */ \
-MLP_AXPY_NB(T, VT, NAME##SFX, 4)                                                      \
-MLP_AXPY_NB(T, VT, NAME##SFX, 8)                                                      \
+MLP_AXPY_NB(T, VT, NAME##SFX, 4, 0, )                                                 \
+MLP_AXPY_NB(T, VT, NAME##SFX, 8, 0, )                                                 \
+MLP_AXPY_NB(T, VT, NAME##SFX, 4, 1, _pf)                                              \
+MLP_AXPY_NB(T, VT, NAME##SFX, 8, 1, _pf)                                              \
 MLP_TSUM_##BLK(VT, VI, NAME##SFX)                                                     \
                                                                                       \
 /* out = b + W^T in for W in panels (pg / PW panels of (n_in, PW) values, PW = 256 bytes, */ \
@@ -230,11 +237,16 @@ MLP_TSUM_##BLK(VT, VI, NAME##SFX)                                               
 MLP_INLINE void NAME##SFX##_panels(const T *restrict in, int n_in, const T *restrict W,   \
                                    const T *restrict b, T *restrict out, int pg, int relu) { \
     enum { PW = MLP_PANEL_BYTES / (int)sizeof(T), NBP = PW / BLK >= 8 ? 8 : 4, STEP = NBP * BLK }; \
+    const int pf = (size_t)n_in * (size_t)pg * sizeof(T) > MLP_PREFETCH_MIN_BYTES;    \
     for (int p0 = 0; p0 < pg; p0 += PW) {                                             \
         const T *Wp = W + (size_t)p0 * n_in;                                          \
         for (int q = 0; q < PW; q += STEP) {                                          \
-            if (NBP == 8) NAME##SFX##_axpy_nb8(in, n_in, Wp + q, PW, b + p0 + q, out + p0 + q, relu); \
-            else NAME##SFX##_axpy_nb4(in, n_in, Wp + q, PW, b + p0 + q, out + p0 + q, relu); \
+            const T *Wq = Wp + q, *bq = b + p0 + q;                                   \
+            T *oq = out + p0 + q;                                                     \
+            if (NBP == 8 && pf) NAME##SFX##_axpy_nb8_pf(in, n_in, Wq, PW, bq, oq, relu); \
+            else if (NBP == 8) NAME##SFX##_axpy_nb8(in, n_in, Wq, PW, bq, oq, relu);  \
+            else if (pf) NAME##SFX##_axpy_nb4_pf(in, n_in, Wq, PW, bq, oq, relu);     \
+            else NAME##SFX##_axpy_nb4(in, n_in, Wq, PW, bq, oq, relu);                \
         }                                                                             \
     }                                                                                 \
 }                                                                                     \
