@@ -236,3 +236,20 @@ def write_json(path, payload):
     with open(path, "w") as f:
         json.dump(payload, f, indent=2, default=default)
         f.write("\n")
+
+
+STREAM_ROW = "weights read once in order, C loop (measured memory floor)"
+
+
+def weights_read_row(weight_bytes: int):
+    """A ``(name, fn, arg)`` row that reads ``weight_bytes`` (rounded up to 128) once, in order, at C level
+    (``mlp_stream_read``, the kernels' prefetch distance): the memory floor measured on this machine, timed in
+    the same round-robin as the kernel, so under the same cache conditions."""
+    from control_node.kernels._policy import _stream_read
+    n = -(-int(weight_bytes) // 128) * 32
+    raw = np.zeros(n * 4 + 64, dtype=np.uint8)
+    off = (-raw.ctypes.data) % 64
+    buf = raw[off:off + n * 4].view(np.float32)
+    buf[:] = 1e-3
+    return STREAM_ROW, _stream_read, buf
+

@@ -33,7 +33,8 @@ import tracemalloc
 
 import numpy as np
 
-from control_node.bench.common import LOCK_FILE, console, fmt_ns, machine_info, machine_lines, print_table, write_json
+from control_node.bench.common import (LOCK_FILE, console, fmt_ns, machine_info, machine_lines, print_table,
+                                      weights_read_row, write_json)
 
 SHAPES = {
     "rsl_rl 48-512-256-128-12 ELU + normaliser": dict(sizes=[48, 512, 256, 128, 12], act="elu", norm=True,
@@ -110,11 +111,16 @@ def clock_hz() -> float:
     return float("nan")
 
 
+def weight_bytes_of(sizes, dtype):
+    """Bytes of the dense weights and biases (unpadded)."""
+    return (sum(a * b for a, b in zip(sizes[:-1], sizes[1:])) + sum(sizes[1:])) * np.dtype(dtype).itemsize
+
+
 def floor_of(sizes, dtype):
     """(compute floor ns, memory floor ns, cache level, explanation) for one forward pass."""
     fam = cpu_family()
     fmas = sum(a * b for a, b in zip(sizes[:-1], sizes[1:]))
-    weight_bytes = (fmas + sum(sizes[1:])) * np.dtype(dtype).itemsize
+    weight_bytes = weight_bytes_of(sizes, dtype)
     if fam is None:
         return None, None, None, f"unknown CPU: no published figures ({fmas} FMAs, {weight_bytes} weight bytes)"
     f = FLOORS[fam]
@@ -340,11 +346,23 @@ def bench_shape(name, cfg, dtype, settings, log):
         except Exception as e:       # e.g. onnxruntime has no float64 Elu kernel: say so, keep the others
             skipped[peer] = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
     tol = RTOL[dtype] * max(1.0, float(np.abs(want).max())) * 10
-    for rname, fn, arg in rows:
+    for rname, fn, arg in rows:     # (the AVX2-copy and weights-read rows are added after this check)
         r = fn(arg)
         got = np.asarray(out if isinstance(r, int) else r, dtype=np.float64).ravel()
         if not np.allclose(got, want, rtol=0, atol=tol):
             raise SystemExit(f"bench policy: {rname} on {name} {dtype} answers {got[:4]}..., the reference {want[:4]}...")
+    if policy.isa == "avx512":      # what the 64-byte copy gains, side by side with the 32-byte one
+        os.environ["CONTROL_NODE_ISA"] = "avx2"
+        try:
+            narrow = Policy(spec)
+        finally:
+            del os.environ["CONTROL_NODE_ISA"]
+        narrow_out = np.zeros(narrow.n_actions)
+        rows.append((f"kernel Policy.act_into(x, out), {narrow.isa} copy", functools.partial(narrow.act_into, x),
+                     narrow_out))
+    else:
+        skipped["avx512 copy"] = f"this CPU has no AVX-512 (F/DQ/BW/VL): the {policy.isa} copy runs"
+    rows.append(weights_read_row(weight_bytes_of(cfg["sizes"], dtype)))
     log(f"{name} {dtype}: {len(rows)} rows x {settings['samples']} samples ...")
     times = per_call(rows, settings["samples"])
     times.update(c_level(policy, spec, settings["chunks"], settings["chunk"]))

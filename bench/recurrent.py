@@ -32,7 +32,8 @@ import time
 
 import numpy as np
 
-from control_node.bench.common import LOCK_FILE, console, fmt_ns, machine_info, machine_lines, print_table, write_json
+from control_node.bench.common import (LOCK_FILE, console, fmt_ns, machine_info, machine_lines, print_table,
+                                      weights_read_row, write_json)
 from control_node.bench.policy import FLOORS, allocations_per_call, cache_sizes, clock_hz, cpu_family, pct, per_call
 
 SHAPES = {
@@ -232,13 +233,23 @@ def torchscript_row(spec):
 
 
 # ---- floors and measurement ---------------------------------------------------------------------------
+def _fmas(spec):
+    G, H, n = GATES[spec.recurrent], spec.hidden_size, spec.n_features
+    sizes = spec.dense_sizes
+    return G * H * (n + H) + sum(a * b for a, b in zip(sizes[:-1], sizes[1:]))
+
+
+def weight_bytes_of(spec):
+    """Bytes of the gate matrices, both gate biases and the dense layers (unpadded)."""
+    G, H = GATES[spec.recurrent], spec.hidden_size
+    return (_fmas(spec) + 2 * G * H + sum(spec.dense_sizes[1:])) * np.dtype(spec.dtype).itemsize
+
+
 def floor_of(spec):
     """(compute floor ns, memory floor ns, cache level, explanation) for one step: the gate products
     G*H*(n + H) FMAs and the dense layers' (bench policy's figures)."""
-    G, H, n = GATES[spec.recurrent], spec.hidden_size, spec.n_features
-    sizes = spec.dense_sizes
-    fmas = G * H * (n + H) + sum(a * b for a, b in zip(sizes[:-1], sizes[1:]))
-    weight_bytes = (fmas + 2 * G * H + sum(sizes[1:])) * np.dtype(spec.dtype).itemsize
+    fmas = _fmas(spec)
+    weight_bytes = weight_bytes_of(spec)
     fam = cpu_family()
     if fam is None:
         return None, None, None, f"unknown CPU: no published figures ({fmas} FMAs, {weight_bytes} weight bytes)"
@@ -315,8 +326,9 @@ def bench_shape(name, cfg, dtype, settings, log):
         except Exception as e:       # say so, keep the others
             skipped[peer] = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
     check_rows(name, spec, rows, resets)
-    log(f"{name} {dtype}: {len(rows)} rows x {settings['samples']} samples ...")
-    times = per_call([(name, fn, x) for name, fn in rows], settings["samples"])
+    log(f"{name} {dtype}: {len(rows) + 1} rows x {settings['samples']} samples ...")
+    times = per_call([(name, fn, x) for name, fn in rows] + [weights_read_row(weight_bytes_of(spec))],
+                     settings["samples"])
     times.update(c_level(policy, spec, settings["chunks"], settings["chunk"]))
     alloc, peak = allocations_per_call(policy, x, n=settings["alloc_calls"])
     policy.reset()

@@ -113,6 +113,7 @@ cdef extern from "mlp_core.h" nogil:
     void mlp_f64_init(mlp_f64 *m)
     void mlp_f32_init(mlp_f32 *m)
     const char *mlp_isa()
+    float mlp_stream_read(const float *p, size_t n)
     enum: MLP_HEAD_ARGMAX
     enum: MLP_HEAD_CONTINUOUS
     enum: MLP_RNN_NONE

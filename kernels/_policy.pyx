@@ -50,6 +50,20 @@ def _in_panels(W, int PW):
     return cols.reshape(n_in, -1, PW).transpose(1, 0, 2).ravel()
 
 
+def _stream_read(cnp.ndarray buf):
+    """Benchmark probe: read ``buf`` (float32, 1-D, 64-byte aligned, a multiple of 32 values) once in order at
+    C level (``mlp_stream_read``): a measured memory floor for weights of that size. Returns their sum."""
+    if buf.dtype != np.float32 or buf.ndim != 1 or buf.shape[0] % 32 or cnp.PyArray_DATA(buf) is NULL \
+            or (<size_t> cnp.PyArray_DATA(buf)) % BLOCK_BYTES:
+        raise ValueError("buf: a 64-byte aligned 1-D float32 array of a multiple of 32 values")
+    cdef const float *p = <const float *> cnp.PyArray_DATA(buf)
+    cdef size_t n = buf.shape[0]
+    cdef float s
+    with nogil:
+        s = mlp_stream_read(p, n)
+    return s
+
+
 cdef class Policy:
     """A loaded policy: pre-process -> [LSTM / GRU] -> (Dense + activation) * layers -> head (argmax or continuous).
 
