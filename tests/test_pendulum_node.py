@@ -22,19 +22,21 @@ def pendulum_model(tmp_path_factory):
     return path
 
 
-def launch_config(tmp_path, model, sim_args):
-    """The packaged pendulum.toml with private endpoints, this model and these sim arguments."""
+def launch_config(tmp_path, model, sim_args, packaged="pendulum.toml"):
+    """The packaged config's loop rates and watchdog (``configs/pendulum.toml`` unless said) with private
+    endpoints, this model and these sim arguments."""
     import tomllib
-    with open(default_config("pendulum.toml"), "rb") as f:
+    with open(default_config(packaged), "rb") as f:
         cfg = tomllib.load(f)
     ep = make_endpoint_dir()
     lines = [f'[node]\nmodel = "{model}"\n', "[endpoints]\n"]
     lines += [f'{k} = "ipc://{ep}/{k}"\n' for k in ("sensor", "action", "diagnostics")]
-    lines.append(f"[loop]\nrate_hz = {cfg['loop']['rate_hz']}\n")
+    lines.append("[loop]\n" + "".join(f"{k} = {cfg['loop'][k]}\n" for k in ("rate_hz", "policy_rate_hz")
+                                       if k in cfg["loop"]))
     lines.append(f"[watchdog]\nstale_after_ms = {cfg['watchdog']['stale_after_ms']}\n"
                  f'safe_action = "{cfg["watchdog"]["safe_action"]}"\n')
     lines.append('[children.sim]\nargs = [' + ", ".join(f'"{a}"' for a in sim_args) + "]\n")
-    path = tmp_path / "pendulum.toml"
+    path = tmp_path / packaged
     path.write_text("".join(lines))
     return path
 

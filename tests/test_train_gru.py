@@ -73,22 +73,12 @@ def test_the_trained_gru_swings_up_offline_in_the_compiled_kernel(gru_model):
 def test_the_gru_swings_up_through_a_real_node_at_50_hz(tmp_path, gru_model):
     """The packaged configs/pendulum_gru.toml's settings (1 kHz loop, policy at 50 Hz, state carried by the
     node), private endpoints, this model: `launch` scores it upright."""
-    from test_pendulum_node import run_launch
-    from control_node.bench.harness import make_endpoint_dir
+    from test_pendulum_node import launch_config, run_launch
     from control_node.endpoints import default_config
     import tomllib
     with open(default_config("pendulum_gru.toml"), "rb") as f:
-        packaged = tomllib.load(f)
-    assert packaged["loop"]["policy_rate_hz"] == 50.0
-    ep = make_endpoint_dir()
-    lines = [f'[node]\nmodel = "{gru_model[0]}"\n', "[endpoints]\n"]
-    lines += [f'{k} = "ipc://{ep}/{k}"\n' for k in ("sensor", "action", "diagnostics")]
-    lines.append(f"[loop]\nrate_hz = {packaged['loop']['rate_hz']}\npolicy_rate_hz = {packaged['loop']['policy_rate_hz']}\n")
-    lines.append(f"[watchdog]\nstale_after_ms = {packaged['watchdog']['stale_after_ms']}\n"
-                 f'safe_action = "{packaged["watchdog"]["safe_action"]}"\n')
-    lines.append('[children.sim]\nargs = ["pendulum"]\n')
-    cfg = tmp_path / "pendulum_gru.toml"
-    cfg.write_text("".join(lines))
+        assert tomllib.load(f)["loop"]["policy_rate_hz"] == 50.0
+    cfg = launch_config(tmp_path, gru_model[0], ["pendulum"], packaged="pendulum_gru.toml")
     out, s = run_launch(cfg, tmp_path / "run", 8.0)
     c = s["control"]
     print(c["line"])

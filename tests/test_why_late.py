@@ -67,28 +67,36 @@ def fed_node(tmp_path, model, extra, duration):
     return node, feeder
 
 
+def _fed_node_beside(tmp_path, model, extra, duration, helper):
+    """A fed node for ``duration`` s beside ``helper`` (a Python script's argv after ``-c``), which prints
+    ``ready`` and then its bursts as one JSON line of (t0, t1) ns. Returns (summary, {cycle: tick ns},
+    bursts) once the node has ended, with the attribution's trace granted."""
+    node, feeder = fed_node(tmp_path, model, extra, duration)
+    proc = subprocess.Popen([sys.executable, "-c", *helper], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        bursts = json.loads(proc.stdout.readline())
+        node.proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+        feeder.kill()
+        feeder.wait()
+    runs = os.path.join(str(tmp_path), "runs")
+    summary, arrays = load_run(os.path.join(runs, os.listdir(runs)[0]))
+    w = summary["why_late"]
+    assert w["enabled"] and w["evidence"]["trace"]["granted"], w["evidence"]
+    return summary, dict(zip(arrays["cycle"].tolist(), arrays["t_tick_ns"].tolist())), bursts
+
+
 def _with_interferer(tmp_path, model, mode):
     """A fed node for 5 s with an interferer (SCHED_FIFO 90, pinned to the loop's core) that, every 250 ms,
     spins (``mode="interferer"``) or faults fresh pages in (``"faulter"``) for 4 ms. Returns (why_late,
     the bursts as (t0, t1) ns, {cycle: tick ns})."""
-    node, feeder = fed_node(tmp_path, model, "", 5)
     cpu = max(os.sched_getaffinity(0))              # [realtime] cpu = "last"
-    intr = subprocess.Popen([sys.executable, "-c", INTERFERER, str(cpu), "3.5", "4", "0.25", mode],
-                            stdout=subprocess.PIPE, text=True)
-    try:
-        assert intr.stdout.readline().strip() == "ready"
-        bursts = json.loads(intr.stdout.readline())
-        node.proc.communicate(timeout=60)
-    finally:
-        intr.kill()
-        feeder.kill()
-        feeder.wait()
-    summary, arrays = load_run(os.path.join(str(tmp_path), "runs", os.listdir(os.path.join(str(tmp_path), "runs"))[0]))
+    summary, tick, bursts = _fed_node_beside(tmp_path, model, "", 5, (INTERFERER, str(cpu), "3.5", "4", "0.25", mode))
     assert summary["rt"]["cpu"]["core"] == cpu
-    w = summary["why_late"]
-    assert w["enabled"] and w["evidence"]["trace"]["granted"], w["evidence"]
     assert len(bursts) >= 8
-    return w, bursts, dict(zip(arrays["cycle"].tolist(), arrays["t_tick_ns"].tolist()))
+    return summary["why_late"], bursts, tick
 
 
 def _named_for_the_bursts(w, bursts, tick, cause):
@@ -213,26 +221,14 @@ def test_a_burst_of_device_interrupts_on_the_loop_core_is_named(tmp_path, contin
             pytest.skip(f"IRQ {irq} ({name}) is on core {effective}, not the loop's {cpu}, and cannot be "
                         f"routed there: {e.strerror}")
     try:
-        node, feeder = fed_node(tmp_path, continuous_f64_model_path, "[loop]\ndeadline_us = 60\n", 6)
-        reader = subprocess.Popen([sys.executable, "-c", DISK_READER, str(data), str(min(os.sched_getaffinity(0))),
-                                   "8", "0.15", "0.3"], stdout=subprocess.PIPE, text=True)
-        try:
-            assert reader.stdout.readline().strip() == "ready"
-            bursts = json.loads(reader.stdout.readline())
-            node.proc.communicate(timeout=60)
-        finally:
-            reader.kill()
-            feeder.kill()
-            feeder.wait()
+        reader = (DISK_READER, str(data), str(min(os.sched_getaffinity(0))), "8", "0.15", "0.3")
+        summary, tick, bursts = _fed_node_beside(tmp_path, continuous_f64_model_path, "[loop]\ndeadline_us = 60\n", 6,
+                                                 reader)
     finally:
         if old is not None:
             with open(aff, "w") as f:
                 f.write(old)
-    runs = os.path.join(str(tmp_path), "runs")
-    summary, arrays = load_run(os.path.join(runs, os.listdir(runs)[0]))
     w = summary["why_late"]
-    assert w["enabled"] and w["evidence"]["trace"]["granted"], w["evidence"]
-    tick = dict(zip(arrays["cycle"].tolist(), arrays["t_tick_ns"].tolist()))
     causes = {f"irq {name}", "softirq BLOCK"}
     named = [e for e in w["events"] if e["cause"] in causes]
 
