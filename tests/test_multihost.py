@@ -295,7 +295,8 @@ def test_node_and_robot_in_two_namespaces_over_curve(link, tmp_path, iris_model_
             assert w["stale"] > 0, w
         if w["max_gap_ms"] < 5.0 - 1.0:
             assert w["stale"] == 0, w
-    assert lossy["node"]["max_gap_ms"] > clean["node"]["max_gap_ms"] or lossy["node"]["stale"] > 0
+    # (the loss itself is not told apart by the node's gaps: tcp retransmits within a few ms, and on a slow
+    # host the clean phase has as many: 46 gaps over 3 ms clean, 58 lossy, longest 7.0 / 5.0 ms, in one run)
     assert s["stale_cycles"] > 0 and s["safe_actions"] > 0      # at least between and after the sim runs
 
 
