@@ -119,7 +119,7 @@ def test_phase_lock_follows_a_sender_off_by_200_ppm(tmp_path, iris_model_path):
     # hundred ms leaves fewer (212 after 9 stalls in 2.5 s, once), so such a run is made once more
     for attempt in range(2):
         run = tmp_path / f"run{attempt}"
-        run.mkdir()
+        run.mkdir(mode=0o700)          # (its ipc endpoints live there: private, or the node refuses them)
         d, s, n_stalls = _calm_tick_periods(run, iris_model_path)
         if d.size > 1000:
             break
