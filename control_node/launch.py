@@ -5,6 +5,10 @@ its output forwarded with a ``[name]`` prefix. The node goes first and the other
 its ``ready`` line. Everything stops after the duration or on Ctrl-C: SIGINT to each child's group, then
 SIGTERM, then SIGKILL after timeouts; stale ipc socket files are removed. A child that dies unexpectedly
 is reported (exit code or signal) and the others are stopped, unless it has ``restart = true``.
+
+The children started after the node run on every allowed core but the one its loop is pinned to (the
+``loop_cpu`` of its ready line; ``[launch] keep_off_loop_core = false`` turns this off): a simulator
+preempted by the loop's spin sends its frames late, and the phase lock then puts every tick later.
 """
 from __future__ import annotations
 
@@ -50,6 +54,8 @@ class Child:
         self.restarts = 0
         self.last_lines = []
         self.pids = []
+        self.ready_line = None
+        self.cpus = None            # cores this child may run on (None: inherit launch's)
 
     def start(self):
         self.ready.clear()
@@ -57,6 +63,12 @@ class Child:
         self.proc = subprocess.Popen(self.cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                      bufsize=1, start_new_session=True, env=self.env)
         self.pids.append(self.proc.pid)
+        if self.cpus:
+            # set before the interpreter has started its threads (the ZMQ I/O threads inherit it)
+            try:
+                os.sched_setaffinity(self.proc.pid, self.cpus)
+            except OSError as e:
+                say(f"could not keep {self.name} on cores {_cores(self.cpus)}: {e}")
         self.thread = threading.Thread(target=self._pump, name=f"log-{self.name}", daemon=True)
         self.thread.start()
         if self.ready_prefix is None:
@@ -69,6 +81,7 @@ class Child:
             own = f"[{self.name}] "       # children that prefix their own lines: don't say it twice
             say(line[len(own):] if line.startswith(own) else line, self.name)
             if self.ready_prefix and line.startswith(self.ready_prefix):
+                self.ready_line = line
                 self.ready.set()
 
     def alive(self):
@@ -100,6 +113,23 @@ class Child:
         if self.thread is not None:
             self.thread.join(5.0)
         return self.proc.poll()
+
+
+def _cores(cpus):
+    return ",".join(map(str, sorted(cpus)))
+
+
+def cores_off_loop(ready_line):
+    """The cores a child beside the node should use: every core launch may use but the node's loop core
+    (``loop_cpu=N`` in the node's ready line). None when the loop is not pinned, the line does not say,
+    or no other core is left."""
+    fields = dict(f.split("=", 1) for f in (ready_line or "").split() if "=" in f)
+    try:
+        cpu = int(fields.get("loop_cpu", ""))
+    except ValueError:
+        return None
+    rest = set(os.sched_getaffinity(0)) - {cpu}
+    return (cpu, rest) if rest else None
 
 
 def read_launch_config(path):
@@ -192,6 +222,9 @@ def launch(config=None, duration=None, record=None, run_dir=None, ensure_model=N
     rec_cfg = ch.get("record", {}) or {}
     use_replay = bool(rep_cfg.get("enabled", False))
     use_record = bool(rec_cfg.get("enabled", False)) if record is None else record
+    keep_off = lc.get("keep_off_loop_core", True)
+    if not isinstance(keep_off, bool):
+        raise UserError(f"{config}: [launch] keep_off_loop_core must be true or false, not {keep_off!r}")
     eps = load_endpoints(config)
     if "command" not in node_cfg and ensure_model is not None:
         ensure_model(model, str(lc.get("train", "iris")))
@@ -249,6 +282,13 @@ def launch(config=None, duration=None, record=None, run_dir=None, ensure_model=N
                     break
             if stop.is_set() or rc:
                 break
+            if c.name == "node" and keep_off:
+                off = cores_off_loop(c.ready_line)
+                if off:
+                    say(f"the node's loop runs on core {off[0]}: "
+                        f"{', '.join(o.name for o in children[1:])} on cores {_cores(off[1])}")
+                    for o in children[1:]:
+                        o.cpus = off[1]
         t_end = time.monotonic() + duration + 15.0  # the driver stops itself after `duration`; this is a backstop
         while not stop.is_set() and not rc:
             if time.monotonic() >= t_end:

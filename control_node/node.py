@@ -109,7 +109,8 @@ class Diagnostics(threading.Thread):
         if cycles > 0 and not self.ready_printed.is_set():
             eps, pol = self.endpoints, self.policy_info
             print(f"ready sensor={eps['sensor']} action={eps['action']} diagnostics={eps['diagnostics']} "
-                  f"control={eps.get('control', '-')}"
+                  f"control={eps.get('control', '-')} "
+                  f"loop_cpu={'none' if self.loop_cpu is None else self.loop_cpu}"
                   + (f" policy={pol['kind']} n_actions={pol['n_actions']}" if pol else ""), flush=True)
             self.ready_printed.set()
         # the newest record may be mid-write: stop one short of it

@@ -337,11 +337,17 @@ def summarize(res, loop, settings, role="sim", lockstep=False, atol=1e-6):
     }
 
 
-def write_run_dir(run_dir, summary, res):
+def write_summary(run_dir, summary):
+    """``run_dir/summary.json``, with the cores this process was allowed to run on (``cpus``: launch keeps
+    a simulator off the node's loop core; the report says where it ran)."""
     os.makedirs(run_dir, exist_ok=True)
     with open(os.path.join(run_dir, "summary.json"), "w") as f:
-        json.dump(summary, f, indent=2)
+        json.dump({**summary, "cpus": sorted(os.sched_getaffinity(0))}, f, indent=2)
         f.write("\n")
+
+
+def write_run_dir(run_dir, summary, res):
+    write_summary(run_dir, summary)
     np.savez(os.path.join(run_dir, "roundtrip.npz"), seq=res["seq"], t_send_ns=res["t_send_ns"],
              t_action_ns=res["t_action_ns"], rtt_ns=res["rtt_ns"], truth=res["truth"],
              action=res["action"], safe=res["safe"],

@@ -10,7 +10,6 @@ RMS angle error after settling, effort, falls) and written to a run directory th
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 import time
@@ -20,6 +19,7 @@ import numpy as np
 from control_node import rundir
 from control_node.errors import UserError
 from control_node.sim import pendulum as P
+from control_node.sim.engine import write_summary
 
 
 def _deriv(theta, omega, u):
@@ -202,10 +202,7 @@ def summarize(res, settings):
 
 
 def write_run_dir(run_dir, summary, res):
-    os.makedirs(run_dir, exist_ok=True)
-    with open(os.path.join(run_dir, "summary.json"), "w") as f:
-        json.dump(summary, f, indent=2)
-        f.write("\n")
+    write_summary(run_dir, summary)
     n = len(res["seq"])
     np.savez(os.path.join(run_dir, "roundtrip.npz"), seq=res["seq"], t_send_ns=res["t_send_ns"],
              t_action_ns=res["t_action_ns"], rtt_ns=res["rtt_ns"], truth=np.full(n, -1, np.int16),

@@ -1,4 +1,5 @@
 """control-node launch with real processes: clean start/stop, no orphans or socket files, crash reports, Ctrl-C."""
+import json
 import os
 import re
 import signal
@@ -11,7 +12,8 @@ import psutil
 from control_node.bench.harness import CHILD_CWD, child_env, make_endpoint_dir
 
 
-def write_launch_config(path, ep_dir, model, duration=2.0, sim_args=("gauss",), record=False, sim_restart=False):
+def write_launch_config(path, ep_dir, model, duration=2.0, sim_args=("gauss",), record=False, sim_restart=False,
+                        launch_extra=""):
     args = ", ".join(f'"{a}"' for a in sim_args)
     path.write_text(f"""
 [node]
@@ -24,6 +26,7 @@ diagnostics = "ipc://{ep_dir}/diagnostics"
 
 [launch]
 duration = {duration}
+{launch_extra}
 
 [children.sim]
 args = [{args}]
@@ -82,7 +85,26 @@ def test_launch_runs_and_stops_everything(tmp_path):
     assert out.strip().splitlines()[-1] == f"run directory: {tmp_path / 'run'}"
     for sub in ("node/summary.json", "sim/summary.json", "sim/roundtrip.npz", "record/recording.mcap"):
         assert (tmp_path / "run" / sub).exists(), sub
+    # the sim and the recorder ran off the node's loop core
+    loop_cpu = int(re.search(r"\[node\] ready .* loop_cpu=(\d+)", out).group(1))
+    rest = sorted(set(os.sched_getaffinity(0)) - {loop_cpu})
+    assert f"[launch] the node's loop runs on core {loop_cpu}: record, sim on cores {','.join(map(str, rest))}" in out
+    assert json.loads((tmp_path / "run" / "sim" / "summary.json").read_text())["cpus"] == rest
     assert_gone(pids.values(), ep)
+
+
+def test_launch_can_leave_the_children_on_every_core(tmp_path, iris_model_path):
+    ep = make_endpoint_dir()
+    cfg = write_launch_config(tmp_path / "demo.toml", ep, iris_model_path, duration=1.0,
+                              launch_extra="keep_off_loop_core = false")
+    r = launch(cfg, tmp_path / "run")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "loop runs on core" not in r.stdout
+    assert json.loads((tmp_path / "run" / "sim" / "summary.json").read_text())["cpus"] == \
+        sorted(os.sched_getaffinity(0))
+    bad = write_launch_config(tmp_path / "bad.toml", ep, iris_model_path, launch_extra='keep_off_loop_core = "yes"')
+    r = launch(bad, tmp_path / "run2")
+    assert r.returncode != 0 and "[launch] keep_off_loop_core must be true or false" in r.stdout + r.stderr
 
 
 def test_launch_reports_child_crash(tmp_path, iris_model_path):
