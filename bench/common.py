@@ -242,11 +242,11 @@ STREAM_ROW = "weights read once in order, C loop (measured memory floor)"
 
 
 def weights_read_row(weight_bytes: int):
-    """A ``(name, fn, arg)`` row that reads ``weight_bytes`` (rounded up to 128) once, in order, at C level
+    """A ``(name, fn, arg)`` row that reads ``weight_bytes`` (rounded up to 512) once, in order, at C level
     (``mlp_stream_read``, the kernels' prefetch distance): the memory floor measured on this machine, timed in
     the same round-robin as the kernel, so under the same cache conditions."""
     from control_node.kernels._policy import _stream_read
-    n = -(-int(weight_bytes) // 128) * 32
+    n = -(-int(weight_bytes) // 512) * 128
     raw = np.zeros(n * 4 + 64, dtype=np.uint8)
     off = (-raw.ctypes.data) % 64
     buf = raw[off:off + n * 4].view(np.float32)

@@ -53,6 +53,11 @@ FLOORS = {
     "AMD Zen 3": dict(fma_units=2, vector_bytes=32, bw={"L1": 64, "L2": 32, "L3": 32},
                       source="AMD Software Optimization Guide for AMD Family 19h Processors (pub. 56665): "
                              "2 FMA pipes of 256 bits; 2 x 32-byte loads per cycle from L1, 32 B/cycle L2 and L3 fills"),
+    "AMD Zen 5": dict(fma_units=2, vector_bytes=64, bw={"L1": 128, "L2": 64, "L3": 32},
+                      source="AMD, Next Generation 'Zen 5' Core (Hot Chips 2024) and Software Optimization Guide "
+                             "for the AMD Zen5 Microarchitecture (pub. 58455): 512-bit FP datapath with 2 FMA "
+                             "pipes; 2 x 64-byte vector loads per cycle from L1, 64 B/cycle L2 fill, 32 B/cycle "
+                             "from L3"),
     "Intel Ice Lake-SP": dict(fma_units=2, vector_bytes=64, bw={"L1": 128, "L2": 64, "L3": 16},
                               source="Intel 64 and IA-32 Architectures Optimization Reference Manual (Ice Lake "
                                      "server): 2 x 512-bit FMA, 2 x 64-byte loads/cycle L1, 64 B/cycle L2; "
@@ -79,6 +84,8 @@ def cpu_family() -> str | None:
         return None
     if vendor == "AuthenticAMD" and family == 25 and model is not None and model < 0x10:
         return "AMD Zen 3"
+    if vendor == "AuthenticAMD" and family == 26:
+        return "AMD Zen 5"
     if vendor == "GenuineIntel" and family == 6 and model in (106, 108):
         return "Intel Ice Lake-SP"
     return None

@@ -55,11 +55,12 @@ def _in_panels(W, int PW):
 
 
 def _stream_read(cnp.ndarray buf):
-    """Benchmark probe: read ``buf`` (float32, 1-D, 64-byte aligned, a multiple of 32 values) once in order at
-    C level (``mlp_stream_read``): a measured memory floor for weights of that size. Returns their sum."""
-    if buf.dtype != np.float32 or buf.ndim != 1 or buf.shape[0] % 32 or cnp.PyArray_DATA(buf) is NULL \
+    """Benchmark probe: read ``buf`` (float32, 1-D, 64-byte aligned, a multiple of 128 values) once in order
+    at C level (``mlp_stream_read``, the widest vectors the CPU has): a measured memory floor for weights of
+    that size. Returns their sum."""
+    if buf.dtype != np.float32 or buf.ndim != 1 or buf.shape[0] % 128 or cnp.PyArray_DATA(buf) is NULL \
             or (<size_t> cnp.PyArray_DATA(buf)) % BLOCK_BYTES:
-        raise ValueError("buf: a 64-byte aligned 1-D float32 array of a multiple of 32 values")
+        raise ValueError("buf: a 64-byte aligned 1-D float32 array of a multiple of 128 values")
     cdef const float *p = <const float *> cnp.PyArray_DATA(buf)
     cdef size_t n = buf.shape[0]
     cdef float s

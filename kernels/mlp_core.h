@@ -615,6 +615,28 @@ MLP_RESET(float, mlp_f32)
     if ((m)->rnn) { (m)->forward = NAME##_forward_rnn##SFX;                           \
         (m)->forward_batch = NAME##_forward_batch_rnn##SFX; (m)->act_fn = NAME##_act_rnn##SFX; } } while (0)
 
+/* Benchmark probe (control-node bench policy / recurrent): read n floats (n a multiple of 128, 64-byte
+ * aligned) once, in order, with the kernels' prefetch distance: what streaming a policy's weights costs
+ * at best on this machine, a measured floor beside the published one. Returns the sum so that the loads
+ * stay. One copy per vector width, the widest the CPU has (as the kernels): 8 independent accumulators,
+ * so the adds never limit it below the cache's rate. */
+#define MLP_STREAM_READ(VT, SFX)                                                      \
+static float mlp_stream_read##SFX(const float *p, size_t n) {                         \
+    enum { L = (int)(sizeof(VT) / sizeof(float)), STEP = 8 * L };                     \
+    VT a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0}, a4 = {0}, a5 = {0}, a6 = {0}, a7 = {0};\
+    for (size_t i = 0; i + STEP <= n; i += STEP) {                                    \
+        const VT *v = (const VT *)(p + i);                                            \
+        for (int o = 0; o < STEP * 4; o += 64)                                        \
+            __builtin_prefetch((const char *)v + MLP_PREFETCH_BYTES + o, 0, 3);       \
+        a0 += v[0]; a1 += v[1]; a2 += v[2]; a3 += v[3];                               \
+        a4 += v[4]; a5 += v[5]; a6 += v[6]; a7 += v[7];                               \
+    }                                                                                 \
+    const VT t = ((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7));                   \
+    float s = 0;                                                                      \
+    for (int k = 0; k < L; k++) s += t[k];                                            \
+    return s;                                                                         \
+}
+
 #if defined(MLP_NATIVE) || !defined(__x86_64__) || !defined(__GNUC__)
 /* One copy for the build machine (or a non-x86 target): 32-byte vectors. */
 typedef double mlp_v4d __attribute__((vector_size(32)));
@@ -631,6 +653,8 @@ typedef int32_t mlp_v8i __attribute__((vector_size(32)));
 MLP_KERNELS(double, mlp_v4d, mlp_v4l, mlp_f64, 4, _one, MLP_RELU_V4D)
 MLP_KERNELS(float, mlp_v8f, mlp_v8i, mlp_f32, 8, _one, MLP_RELU_V8F)
 MLP_SMALL_ALL(mlp_v4d, mlp_v8f, 4, 8, _one)
+MLP_STREAM_READ(mlp_v8f, _one)
+static float mlp_stream_read(const float *p, size_t n) { return mlp_stream_read_one(p, n); }
 #define MLP_PICK(NAME, m) do { MLP_SET(NAME, m, _one, mlp_isa()); if (MLP_SMALL_FITS(m)) NAME##_pick_small_one(m); } while (0)
 static const char *mlp_isa(void) {
 #if defined(MLP_NATIVE)
@@ -650,6 +674,7 @@ typedef int32_t mlp_v4i __attribute__((vector_size(16)));
 MLP_KERNELS(double, mlp_v2d, mlp_v2l, mlp_f64, 2, _sse2, MLP_RELU_MAXPD)
 MLP_KERNELS(float, mlp_v4f, mlp_v4i, mlp_f32, 4, _sse2, MLP_RELU_MAXPS)
 MLP_SMALL_ALL(mlp_v2d, mlp_v4f, 2, 4, _sse2)
+MLP_STREAM_READ(mlp_v4f, _sse2)
 
 #if defined(__clang__)
 #pragma clang attribute push (__attribute__((target("avx,avx2,fma"))), apply_to = function)
@@ -664,6 +689,7 @@ typedef int32_t mlp_v8i __attribute__((vector_size(32)));
 MLP_KERNELS(double, mlp_v4d, mlp_v4l, mlp_f64, 4, _avx2, MLP_RELU_MAXPD256)
 MLP_KERNELS(float, mlp_v8f, mlp_v8i, mlp_f32, 8, _avx2, MLP_RELU_MAXPS256)
 MLP_SMALL_ALL(mlp_v4d, mlp_v8f, 4, 8, _avx2)
+MLP_STREAM_READ(mlp_v8f, _avx2)
 #if defined(__clang__)
 #pragma clang attribute pop
 #else
@@ -687,6 +713,7 @@ typedef int32_t mlp_v16i __attribute__((vector_size(64)));
 #define MLP_RELU_V16F(v) ((mlp_v16f)((mlp_v16i)(v) & ~(mlp_v16i)((v) < 0)))
 MLP_KERNELS(double, mlp_v8d, mlp_v8l, mlp_f64, 8, _avx512, MLP_RELU_V8D)
 MLP_KERNELS(float, mlp_v16f, mlp_v16i, mlp_f32, 16, _avx512, MLP_RELU_V16F)
+MLP_STREAM_READ(mlp_v16f, _avx512)
 #if defined(__clang__)
 #pragma clang attribute pop
 #else
@@ -722,25 +749,14 @@ static int mlp_has_avx512(void) {
 static const char *mlp_isa(void) {
     return mlp_has_avx512() ? "avx512" : mlp_has_avx2() ? "avx2+fma" : "sse2";
 }
-#endif
-
-/* Benchmark probe (control-node bench policy / recurrent): read n floats (n a multiple of 32,
- * 64-byte aligned) once, in order, with the kernels' prefetch distance: what streaming a policy's
- * weights costs at best on this machine, a measured floor beside the published one. Returns the
- * sum so that the loads stay. 16-byte vectors, 8 accumulators: 32 bytes per cycle at most, above
- * the L3 rate it is for. */
 static float mlp_stream_read(const float *p, size_t n) {
-    typedef float v4 __attribute__((vector_size(16)));
-    v4 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0}, a4 = {0}, a5 = {0}, a6 = {0}, a7 = {0};
-    for (size_t i = 0; i + 32 <= n; i += 32) {
-        const v4 *v = (const v4 *)(p + i);
-        __builtin_prefetch((const char *)v + MLP_PREFETCH_BYTES, 0, 3);
-        __builtin_prefetch((const char *)v + MLP_PREFETCH_BYTES + 64, 0, 3);
-        a0 += v[0]; a1 += v[1]; a2 += v[2]; a3 += v[3]; a4 += v[4]; a5 += v[5]; a6 += v[6]; a7 += v[7];
-    }
-    const v4 t = ((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7));
-    return t[0] + t[1] + t[2] + t[3];
+    static float (*read)(const float *, size_t) = 0;        /* chosen on the first call, not per call */
+    if (!read)
+        read = mlp_has_avx512() ? mlp_stream_read_avx512 : mlp_has_avx2() ? mlp_stream_read_avx2
+                                : mlp_stream_read_sse2;
+    return read(p, n);
 }
+#endif
 
 /* Choose the kernels for this CPU and shape; call once after filling every field. */
 static void mlp_f64_init(mlp_f64 *m) { MLP_PICK(mlp_f64, m); }
