@@ -86,9 +86,9 @@ enum { MLP_RNN_NONE = 0, MLP_RNN_LSTM = 1, MLP_RNN_GRU = 2 };     /* model_file.
  * W is one panel (see NAME##SFX##_panels): row i of the NB vectors is at W + i * stride,
  * and the rows follow each other in memory, so the pass streams it in order; the
  * software prefetch MLP_PREFETCH_BYTES ahead keeps the lines coming from L3 when the
- * weights do not fit L2 (measured in a C sketch of 48-512-256-128-12 float32 on this Zen 3
- * guest: row-major 16.7 us, panels 12.6 us, panels + prefetch 11.6 us, medians). Prefetches
- * do not fault, so reading past the end is safe. */
+ * weights do not fit L2 (`control-node bench policy` shows the result beside the measured cost
+ * of reading the same bytes once in order). Prefetches do not fault, so reading past the end
+ * is safe. */
 #define MLP_PREFETCH_BYTES 1024
 /* ... only for a matrix larger than this: for one that stays in L1 / L2 the prefetches are */
 /* pure overhead (4 extra instructions per 8 FMAs; PPO 3-64-64-1 ran 264 -> 326 ns with them). */
