@@ -102,8 +102,11 @@ def test_launch_can_leave_the_children_on_every_core(tmp_path, iris_model_path):
     r = launch(cfg, tmp_path / "run")
     assert r.returncode == 0, r.stdout + r.stderr
     assert "loop runs on core" not in r.stdout
-    assert json.loads((tmp_path / "run" / "sim" / "summary.json").read_text())["cpus"] == \
-        sorted(os.sched_getaffinity(0))
+    cores = sorted(os.sched_getaffinity(0))
+    assert json.loads((tmp_path / "run" / "sim" / "summary.json").read_text())["cpus"] == cores
+    rep = subprocess.run([sys.executable, "-m", "control_node", "report", str(tmp_path / "run")], cwd=CHILD_CWD,
+                         env=dict(child_env(), COLUMNS="300"), capture_output=True, text=True, timeout=120)
+    assert f"ran on cores {','.join(map(str, cores))}" in rep.stdout, rep.stdout + rep.stderr
     bad = write_launch_config(tmp_path / "bad.toml", ep, iris_model_path, launch_extra='keep_off_loop_core = "yes"')
     r = launch(bad, tmp_path / "run2")
     assert r.returncode != 0 and "[launch] keep_off_loop_core must be true or false" in r.stdout + r.stderr

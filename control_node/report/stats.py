@@ -191,7 +191,7 @@ def run_summary(run: Run) -> dict:
         s = run.sim.summary
         out["sim"] = {"path": str(run.sim.path), "role": s.get("role"), **{k: s.get(k) for k in
                       ("frames_sent", "actions_received", "actions_lost", "frames_held", "safe_actions", "accuracy", "stream",
-                       "expected", "control", "task")},
+                       "expected", "control", "task", "cpus")},
                       "policy": s.get("policy", "argmax"),
                       "stats": sim_stats(run.sim)}
     return out

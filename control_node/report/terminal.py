@@ -120,7 +120,8 @@ def print_terminal(summaries: list[dict], console=None) -> None:
                           f"{sm.get('actions_lost')} lost, "
                           + (f"{sm['frames_held']} answered with a held action, " if sm.get("frames_held") else "")
                           + f"{sm.get('safe_actions')} safe, "
-                          f"accuracy {acc_text}")
+                          f"accuracy {acc_text}"
+                          + (f", ran on cores {','.join(map(str, sm['cpus']))}" if sm.get("cpus") else ""))
             if isinstance(sm.get("control"), dict) and sm["control"].get("line"):
                 console.print(f"{sm.get('task') or 'sim'} {sm['control']['line']}")
             ex = sm.get("expected")
