@@ -125,9 +125,13 @@ def weight_bytes_of(sizes, dtype):
 
 def floor_of(sizes, dtype):
     """(compute floor ns, memory floor ns, cache level, explanation) for one forward pass."""
+    return floor_from(sum(a * b for a, b in zip(sizes[:-1], sizes[1:])), weight_bytes_of(sizes, dtype), dtype)
+
+
+def floor_from(fmas, weight_bytes, dtype):
+    """(compute floor ns, memory floor ns, cache level, explanation) of a pass of ``fmas`` multiply-adds over
+    ``weight_bytes`` of weights, from the CPU family's published figures (FLOORS) at the stated clock."""
     fam = cpu_family()
-    fmas = sum(a * b for a, b in zip(sizes[:-1], sizes[1:]))
-    weight_bytes = weight_bytes_of(sizes, dtype)
     if fam is None:
         return None, None, None, f"unknown CPU: no published figures ({fmas} FMAs, {weight_bytes} weight bytes)"
     f = FLOORS[fam]
@@ -296,10 +300,13 @@ def per_call(rows, n_samples, target_s=100e-6):
 
 
 def c_level(policy, spec, n_chunks, chunk):
+    """Per-call ns at C level over ``n_chunks`` chunks of ``chunk`` calls: independent inputs (throughput) and
+    each input fed by the last answer (latency). A recurrent state starts from zero and is zeroed after."""
     from control_node.kernels.reference import random_inputs
     X = random_inputs(spec, 64, seed=3)
     res = {}
     for label, chained in (("kernel C level, throughput", False), ("kernel C level, latency (dependent)", True)):
+        policy.reset()
         policy._act_loop(X, 1000, chained)
         t = np.empty(n_chunks)
         for i in range(n_chunks):
@@ -307,6 +314,7 @@ def c_level(policy, spec, n_chunks, chunk):
             policy._act_loop(X, chunk, chained)
             t[i] = (time.perf_counter_ns() - t0) / chunk
         res[label] = t
+    policy.reset()
     return res
 
 
@@ -374,35 +382,44 @@ def bench_shape(name, cfg, dtype, settings, log):
     times = per_call(rows, settings["samples"])
     times.update(c_level(policy, spec, settings["chunks"], settings["chunk"]))
     alloc, peak = allocations_per_call(policy, x)
-    compute, memory, level, how = floor_of(cfg["sizes"], dtype)
-    floor = max(compute, memory) if compute is not None else None
-    ort_name = next((r for r, _, _ in rows if "IOBinding" in r), None)   # the ratio column's baseline
+    return {"shape": name, "dtype": dtype, "sizes": cfg["sizes"], "activation": cfg["act"], "isa": policy.isa,
+            "kernel": policy.kernel, **shape_figures(times, floor_of(cfg["sizes"], dtype), alloc, peak, skipped)}
+
+
+def shape_figures(times, floor, alloc, peak, skipped):
+    """The measured part of a shape's record: per row percentiles, the ratio to onnxruntime's IOBinding row
+    (the baseline) and to the floor (a ``floor_from`` tuple), allocations, what was skipped and why."""
+    compute, memory, level, how = floor
+    lo = max(compute, memory) if compute is not None else None
+    ort_name = next((r for r in times if "IOBinding" in r), None)
     base = float(np.median(times[ort_name])) if ort_name else None
     result = []
     for rname, t in times.items():
         p = pct(t)
         p.update(name=rname, vs_onnxruntime=(base / p["p50"]) if base else None,
-                 vs_floor=(p["p50"] / floor) if floor else None)
+                 vs_floor=(p["p50"] / lo) if lo else None)
         result.append(p)
-    return {"shape": name, "dtype": dtype, "sizes": cfg["sizes"], "activation": cfg["act"], "isa": policy.isa,
-            "kernel": policy.kernel, "rows": result, "skipped": skipped,
+    return {"rows": result, "skipped": skipped,
             "floor_ns": {"compute": compute, "memory": memory, "cache_level": level, "how": how},
             "allocations_per_call_bytes": alloc, "tracemalloc_peak_bytes": peak}
 
 
-def report(res):
+def report(res, first_column="row"):
+    """The tables of a bench policy / bench recurrent result, one per shape."""
     con = console()
     for line in machine_lines(res["machine"]):
         con.print(line)
     for sh in res["shapes"]:
         fl = sh["floor_ns"]
-        title = (f"{sh['shape']}, {sh['dtype']} (kernel {sh['isa']}, {sh['kernel']}); floor: compute "
+        kernel = f"kernel {sh['isa']}" + (f", {sh['kernel']}" if sh.get("kernel") else "")
+        title = (f"{sh['shape']}, {sh['dtype']} ({kernel}); floor: compute "
                  f"{fmt_ns(fl['compute'])}, memory {fmt_ns(fl['memory'])} ({fl['cache_level']}); allocations per "
                  f"call {sh['allocations_per_call_bytes']:.3f} B")
         rows = [[r["name"], fmt_ns(r["p50"]), fmt_ns(r["p99"]), fmt_ns(r["p999"]), fmt_ns(r["max"]),
                  "-" if r["vs_onnxruntime"] is None else f"{r['vs_onnxruntime']:.1f}x",
                  "-" if r["vs_floor"] is None else f"{r['vs_floor']:.2f}"] for r in sh["rows"]]
-        print_table(title, ["row", "p50", "p99", "p99.9", "max", "onnxruntime p50 / row p50", "p50 / floor"], rows, con)
+        print_table(title, [first_column, "p50", "p99", "p99.9", "max", "onnxruntime p50 / row p50", "p50 / floor"],
+                    rows, con)
         con.print(f"  floor: {fl['how']}")
         if sh["skipped"]:
             con.print(f"  skipped: {sh['skipped']}")

@@ -28,13 +28,11 @@ the CPU's published figures, as ``bench policy`` computes it). Run it alone:
 from __future__ import annotations
 
 import argparse
-import time
 
 import numpy as np
 
-from control_node.bench.common import (LOCK_FILE, console, fmt_ns, machine_info, machine_lines, print_table,
-                                      weights_read_row, write_json)
-from control_node.bench.policy import FLOORS, allocations_per_call, cache_sizes, clock_hz, cpu_family, pct, per_call
+from control_node.bench.common import (LOCK_FILE, machine_info, weights_read_row, write_json)
+from control_node.bench.policy import allocations_per_call, c_level, floor_from, per_call, report, shape_figures
 
 SHAPES = {
     "rsl_rl LSTM(48->256) + 256-128-12 ELU": dict(kind="lstm", n=48, H=256, dense=[128, 12]),
@@ -248,38 +246,7 @@ def weight_bytes_of(spec):
 def floor_of(spec):
     """(compute floor ns, memory floor ns, cache level, explanation) for one step: the gate products
     G*H*(n + H) FMAs and the dense layers' (bench policy's figures)."""
-    fmas = _fmas(spec)
-    weight_bytes = weight_bytes_of(spec)
-    fam = cpu_family()
-    if fam is None:
-        return None, None, None, f"unknown CPU: no published figures ({fmas} FMAs, {weight_bytes} weight bytes)"
-    f = FLOORS[fam]
-    hz = clock_hz()
-    lanes = f["vector_bytes"] // np.dtype(spec.dtype).itemsize
-    compute = fmas / (f["fma_units"] * lanes * hz) * 1e9
-    caches = cache_sizes()
-    level = next((lv for lv in ("L1", "L2", "L3") if weight_bytes <= caches.get(lv, 0)), "L3")
-    memory = weight_bytes / (f["bw"][level] * hz) * 1e9
-    return compute, memory, level, (f"{fam} at {hz / 1e9:.2f} GHz: {fmas} FMAs / ({f['fma_units']} x {lanes} lanes); "
-                                    f"{weight_bytes / 1024:.0f} KiB of weights from {level} at {f['bw'][level]} "
-                                    f"B/cycle. Source: {f['source']}")
-
-
-def c_level(policy, spec, n_chunks, chunk):
-    from control_node.kernels.reference import random_inputs
-    X = random_inputs(spec, 64, seed=3)
-    res = {}
-    for label, chained in (("kernel C level, throughput", False), ("kernel C level, latency (dependent)", True)):
-        policy.reset()
-        policy._act_loop(X, 1000, chained)
-        t = np.empty(n_chunks)
-        for i in range(n_chunks):
-            t0 = time.perf_counter_ns()
-            policy._act_loop(X, chunk, chained)
-            t[i] = (time.perf_counter_ns() - t0) / chunk
-        res[label] = t
-    policy.reset()
-    return res
+    return floor_from(_fmas(spec), weight_bytes_of(spec), spec.dtype)
 
 
 def check_rows(name, spec, rows, resets, n_steps=50):
@@ -332,39 +299,9 @@ def bench_shape(name, cfg, dtype, settings, log):
     times.update(c_level(policy, spec, settings["chunks"], settings["chunk"]))
     alloc, peak = allocations_per_call(policy, x, n=settings["alloc_calls"])
     policy.reset()
-    compute, memory, level, how = floor_of(spec)
-    floor = max(compute, memory) if compute is not None else None
-    ort_name = next((r for r, _ in rows if "IOBinding" in r), None)
-    base = float(np.median(times[ort_name])) if ort_name else None
-    result = []
-    for rname, t in times.items():
-        p = pct(t)
-        p.update(name=rname, vs_onnxruntime=(base / p["p50"]) if base else None,
-                 vs_floor=(p["p50"] / floor) if floor else None)
-        result.append(p)
     return {"shape": name, "dtype": dtype, "recurrent": cfg["kind"], "n_features": cfg["n"], "hidden_size": cfg["H"],
-            "dense": cfg["dense"], "isa": policy.isa, "rows": result, "skipped": skipped,
-            "floor_ns": {"compute": compute, "memory": memory, "cache_level": level, "how": how},
-            "allocations_per_call_bytes": alloc, "tracemalloc_peak_bytes": peak}
-
-
-def report(res):
-    con = console()
-    for line in machine_lines(res["machine"]):
-        con.print(line)
-    for sh in res["shapes"]:
-        fl = sh["floor_ns"]
-        title = (f"{sh['shape']}, {sh['dtype']} (kernel {sh['isa']}); floor: compute {fmt_ns(fl['compute'])}, memory "
-                 f"{fmt_ns(fl['memory'])} ({fl['cache_level']}); allocations per call "
-                 f"{sh['allocations_per_call_bytes']:.3f} B")
-        rows = [[r["name"], fmt_ns(r["p50"]), fmt_ns(r["p99"]), fmt_ns(r["p999"]), fmt_ns(r["max"]),
-                 "-" if r["vs_onnxruntime"] is None else f"{r['vs_onnxruntime']:.1f}x",
-                 "-" if r["vs_floor"] is None else f"{r['vs_floor']:.2f}"] for r in sh["rows"]]
-        print_table(title, ["row (state carried)", "p50", "p99", "p99.9", "max", "onnxruntime p50 / row p50",
-                            "p50 / floor"], rows, con)
-        con.print(f"  floor: {fl['how']}")
-        if sh["skipped"]:
-            con.print(f"  skipped: {sh['skipped']}")
+            "dense": cfg["dense"], "isa": policy.isa,
+            **shape_figures(times, floor_of(spec), alloc, peak, skipped)}
 
 
 def main(argv=None) -> int:
@@ -386,7 +323,7 @@ def main(argv=None) -> int:
     res = {"machine": machine_info(), "settings": settings, "lock_file": LOCK_FILE, "shapes": []}
     for name in a.shape or DEFAULT_SHAPES:
         res["shapes"].append(bench_shape(name, SHAPES[name], a.dtype, settings, lambda m: print(m, flush=True)))
-    report(res)
+    report(res, first_column="row (state carried)")
     if a.json:
         write_json(a.json, res)
     return 0
