@@ -64,11 +64,7 @@ class Child:
                                      bufsize=1, start_new_session=True, env=self.env)
         self.pids.append(self.proc.pid)
         if self.cpus:
-            # set before the interpreter has started its threads (the ZMQ I/O threads inherit it)
-            try:
-                os.sched_setaffinity(self.proc.pid, self.cpus)
-            except OSError as e:
-                say(f"could not keep {self.name} on cores {_cores(self.cpus)}: {e}")
+            _set_affinity(self.proc.pid, self.cpus, self.name)
         self.thread = threading.Thread(target=self._pump, name=f"log-{self.name}", daemon=True)
         self.thread.start()
         if self.ready_prefix is None:
@@ -113,6 +109,24 @@ class Child:
         if self.thread is not None:
             self.thread.join(5.0)
         return self.proc.poll()
+
+
+def _set_affinity(pid, cpus, name):
+    """Move a just-started child onto ``cpus``: its main thread first (threads it starts later, the ZMQ I/O
+    threads among them, inherit the mask), then any thread it already has."""
+    try:
+        os.sched_setaffinity(pid, cpus)
+        tids = [int(t) for t in os.listdir(f"/proc/{pid}/task") if int(t) != pid]
+    except (ProcessLookupError, FileNotFoundError):
+        return                      # it already exited: the launch loop reports that
+    except OSError as e:
+        say(f"could not keep {name} on cores {_cores(cpus)}: {e}")
+        return
+    for tid in tids:
+        try:
+            os.sched_setaffinity(tid, cpus)
+        except OSError:
+            pass                    # that thread has ended
 
 
 def _cores(cpus):
