@@ -750,11 +750,11 @@ static const char *mlp_isa(void) {
     return mlp_has_avx512() ? "avx512" : mlp_has_avx2() ? "avx2+fma" : "sse2";
 }
 static float mlp_stream_read(const float *p, size_t n) {
-    static float (*read)(const float *, size_t) = 0;        /* chosen on the first call, not per call */
-    if (!read)
-        read = mlp_has_avx512() ? mlp_stream_read_avx512 : mlp_has_avx2() ? mlp_stream_read_avx2
+    static float (*chosen)(const float *, size_t) = 0;      /* picked on the first call, not per call */
+    if (!chosen)
+        chosen = mlp_has_avx512() ? mlp_stream_read_avx512 : mlp_has_avx2() ? mlp_stream_read_avx2
                                 : mlp_stream_read_sse2;
-    return read(p, n);
+    return chosen(p, n);
 }
 #endif
 
