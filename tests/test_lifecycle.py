@@ -102,7 +102,9 @@ def test_switch_changes_the_answering_policy_at_a_cycle_boundary(tmp_path, model
         actions = collector.close()
     assert rc == 0, err
     cycles = np.array([a["cycle"] for a in actions])
-    assert cycles.size > 1000 and np.all(np.diff(cycles) == 1), "the action stream skipped or repeated a cycle"
+    # the stream covers both switches (how many cycles that is depends on the machine's speed: ~900 here)
+    assert cycles.size > 100 and cycles[0] < c_switch < c_back < cycles[-1], (cycles[[0, -1]], c_switch, c_back)
+    assert np.all(np.diff(cycles) == 1), "the action stream skipped or repeated a cycle"
     summary, arrays = load_run(run_dir)
     events = [(e["event"], e["policy"], e["cycle"]) for e in summary["lifecycle"]["transitions"]]
     assert ("activate", "b", c_switch) in events and ("rollback", "a", c_back) in events
