@@ -108,9 +108,11 @@ class Diagnostics(threading.Thread):
         now = time.monotonic()
         if cycles > 0 and not self.ready_printed.is_set():
             eps, pol = self.endpoints, self.policy_info
+            pin = (self.rt_ref.get("rt") or {}).get("cpu") or {}      # set before the first cycle ran
+            pinned = pin.get("core") if pin.get("granted") else None  # the core it is on, not the one asked for
             print(f"ready sensor={eps['sensor']} action={eps['action']} diagnostics={eps['diagnostics']} "
                   f"control={eps.get('control', '-')} "
-                  f"loop_cpu={'none' if self.loop_cpu is None else self.loop_cpu}"
+                  f"loop_cpu={'none' if pinned is None else pinned}"
                   + (f" policy={pol['kind']} n_actions={pol['n_actions']}" if pol else ""), flush=True)
             self.ready_printed.set()
         # the newest record may be mid-write: stop one short of it

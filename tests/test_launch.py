@@ -13,7 +13,7 @@ from control_node.bench.harness import CHILD_CWD, child_env, make_endpoint_dir
 
 
 def write_launch_config(path, ep_dir, model, duration=2.0, sim_args=("gauss",), record=False, sim_restart=False,
-                        launch_extra=""):
+                        launch_extra="", node_extra=""):
     args = ", ".join(f'"{a}"' for a in sim_args)
     path.write_text(f"""
 [node]
@@ -35,6 +35,7 @@ restart = {str(sim_restart).lower()}
 [children.record]
 enabled = {str(record).lower()}
 sensor_tap = "ipc://{ep_dir}/sensor_tap"
+{node_extra}
 """)
     return path
 
@@ -107,6 +108,13 @@ def test_launch_can_leave_the_children_on_every_core(tmp_path, iris_model_path):
     rep = subprocess.run([sys.executable, "-m", "control_node", "report", str(tmp_path / "run")], cwd=CHILD_CWD,
                          env=dict(child_env(), COLUMNS="300"), capture_output=True, text=True, timeout=120)
     assert f"ran on cores {','.join(map(str, cores))}" in rep.stdout, rep.stdout + rep.stderr
+    # a node whose loop is not pinned says so, and the children stay on every core
+    unpinned = write_launch_config(tmp_path / "unpinned.toml", ep, iris_model_path, duration=1.0,
+                                   node_extra='[realtime]\ncpu = "none"')
+    r = launch(unpinned, tmp_path / "run3")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert re.search(r"\[node\] ready .* loop_cpu=none", r.stdout) and "loop runs on core" not in r.stdout
+    assert json.loads((tmp_path / "run3" / "sim" / "summary.json").read_text())["cpus"] == cores
     bad = write_launch_config(tmp_path / "bad.toml", ep, iris_model_path, launch_extra='keep_off_loop_core = "yes"')
     r = launch(bad, tmp_path / "run2")
     assert r.returncode != 0 and "[launch] keep_off_loop_core must be true or false" in r.stdout + r.stderr
