@@ -165,7 +165,7 @@ def test_the_simulator_sends_one_frame_to_a_node_with_history(tmp_path, history_
     """`control-node sim` beside a node with history = 3: it sends frames of the frame width (4), not of the
     policy's 12 inputs, learnt from the node's diagnostics (--features auto) or from --model and the node's
     config; the node accepts every frame (no feature_count rejections) and acts on them."""
-    from nodeutil import cli_popen, load_run, stop_node
+    from nodeutil import assert_answered_or_superseded, cli_popen, load_run, stop_node
     node, cfg = start_node(tmp_path, history_model_path, extra=f"[policy]\nhistory = {N}\n")
     args = ["--features", "auto"] if how == "auto" else ["--model", str(history_model_path)]
     sim = cli_popen("sim", "gauss", "--config", cfg, "--rate", 500, "--duration", 1.0,
@@ -182,4 +182,5 @@ def test_the_simulator_sends_one_frame_to_a_node_with_history(tmp_path, history_
     assert summary["rejected_total"] == 0, summary["rejected"]
     assert summary["frames_valid"] >= 450
     sim_summary = json.load(open(tmp_path / "sim" / "summary.json"))
-    assert sim_summary["frames_answered"] >= 0.9 * sim_summary["frames_sent"]
+    # a frame replaced by a newer one in the same tick (after a host stall) is the node's superseded count
+    assert_answered_or_superseded(sim_summary, summary)

@@ -23,6 +23,7 @@ import time
 import pytest
 
 from control_node.bench.harness import CHILD_CWD
+from nodeutil import assert_answered_or_superseded
 
 from test_security import make_keys, security_toml
 
@@ -274,7 +275,7 @@ def test_node_and_robot_in_two_namespaces_over_curve(link, tmp_path, iris_model_
     assert s["rejected_total"] == 0
     # CURVE over the veth: the robot's frames were accepted and answered in both phases
     # frames superseded during a host stall of the loop are in the node's own count (both phases)
-    assert clean["frames_answered"] + s["superseded"] >= 0.95 * clean["frames_sent"]
+    assert_answered_or_superseded(clean, s)
     assert lossy["frames_answered"] >= 0.5 * lossy["frames_sent"]
     assert s["frames_valid"] >= clean["frames_answered"]
     # the link's effect: round trip grows by about the added delay
