@@ -23,6 +23,9 @@ from libc.stdint cimport int64_t
 cdef extern from "mlp_core.h" nogil:
     enum: MLP_MAX_LAYERS
 
+    # mlp_core.h MLP_STRUCT: one struct per model dtype with the same fields. Those of the model dtype
+    # (float / double pointers in C) are declared void * here: C converts void * on assignment, so one
+    # fused function (_policy.pyx _fill) fills either struct and nothing here is written per dtype.
     ctypedef struct mlp_f64:
         int n_layers
         int dims[MLP_MAX_LAYERS + 1]
@@ -33,9 +36,9 @@ cdef extern from "mlp_core.h" nogil:
         const char *isa
         const double *mean
         const double *scale
-        const double *W[MLP_MAX_LAYERS]
-        const double *b[MLP_MAX_LAYERS]
-        double *act[MLP_MAX_LAYERS + 1]
+        const void *W[MLP_MAX_LAYERS]
+        const void *b[MLP_MAX_LAYERS]
+        void *act[MLP_MAX_LAYERS + 1]
         int act_code[MLP_MAX_LAYERS]
         double alpha[MLP_MAX_LAYERS]
         int pre
@@ -52,18 +55,18 @@ cdef extern from "mlp_core.h" nogil:
         const double *act_scale
         int rnn
         int n_obs
-        double *xin
+        void *xin
         int H
         int pH
         int pg
-        const double *Wx
-        const double *Wh
-        const double *bx
-        const double *bh
-        double *gx
-        double *gh
-        double *h
-        double *c
+        const void *Wx
+        const void *Wh
+        const void *bx
+        const void *bh
+        void *gx
+        void *gh
+        void *h
+        void *c
         int64_t *resets
 
     ctypedef struct mlp_f32:
@@ -76,9 +79,9 @@ cdef extern from "mlp_core.h" nogil:
         const char *isa
         const double *mean
         const double *scale
-        const float *W[MLP_MAX_LAYERS]
-        const float *b[MLP_MAX_LAYERS]
-        float *act[MLP_MAX_LAYERS + 1]
+        const void *W[MLP_MAX_LAYERS]
+        const void *b[MLP_MAX_LAYERS]
+        void *act[MLP_MAX_LAYERS + 1]
         int act_code[MLP_MAX_LAYERS]
         double alpha[MLP_MAX_LAYERS]
         int pre
@@ -95,21 +98,22 @@ cdef extern from "mlp_core.h" nogil:
         const double *act_scale
         int rnn
         int n_obs
-        float *xin
+        void *xin
         int H
         int pH
         int pg
-        const float *Wx
-        const float *Wh
-        const float *bx
-        const float *bh
-        float *gx
-        float *gh
-        float *h
-        float *c
+        const void *Wx
+        const void *Wh
+        const void *bx
+        const void *bh
+        void *gx
+        void *gh
+        void *h
+        void *c
         int64_t *resets
 
-    int mlp_small_shape(int n_layers, int n_in, int n_hidden, int n_out, int itemsize)
+    int mlp_f64_small_rule(const mlp_f64 *m)
+    int mlp_f32_small_rule(const mlp_f32 *m)
     void mlp_f64_init(mlp_f64 *m)
     void mlp_f32_init(mlp_f32 *m)
     const char *mlp_isa()

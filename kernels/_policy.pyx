@@ -38,7 +38,7 @@ def _choose_dot_form(int n_in, int n_out, int itemsize):
     axpy panels ran 3-15 % faster than the dot form (its 8 interleaved row streams and
     shuffle trees; 64x64 to 512x512, both dtypes, interleaved C-level timing on Zen 3), so
     the dot form is charged ``DOT_COST``. (Small one-hidden-layer policies skip this: see
-    ``mlp_small_shape``.)
+    ``mlp_core.h`` MLP_SMALL_RULE.)
     """
     cdef int lanes = 32 // itemsize, block = BLOCK_BYTES // itemsize, panel = MLP_PANEL_BYTES // itemsize
     axpy = n_in * (_pad(n_out, panel) // lanes) + n_in / 2
@@ -69,6 +69,64 @@ def _stream_read(cnp.ndarray buf):
     return s
 
 
+_RNN_KIND = {None: MLP_RNN_NONE, "lstm": MLP_RNN_LSTM, "gru": MLP_RNN_GRU}
+
+ctypedef fused model_t:      # the kernel's struct for a float32 or a float64 policy (mlp_core.h MLP_STRUCT)
+    mlp_f32
+    mlp_f64
+
+
+cdef inline void *_data(object a):
+    return NULL if a is None else cnp.PyArray_DATA(<cnp.ndarray> a)
+
+
+cdef int _fill_shape(model_t *m, dict k) except -1:
+    """Set the struct's shape and activation fields from ``k``; returns mlp_core.h's small-kernel rule."""
+    cdef int l
+    m.n_layers = k["n_layers"]
+    for l in range(m.n_layers + 1):
+        m.dims[l] = k["dims"][l]
+        m.pdims[l] = k["pdims"][l]
+    for l in range(m.n_layers):
+        m.act_code[l] = k["codes"][l]
+        m.alpha[l] = k["alphas"][l]
+    m.n_obs, m.head, m.squash, m.pre, m.rnn = k["n_obs"], k["head"], k["squash"], k["pre"], k["rnn"]
+    if model_t is mlp_f32:
+        return mlp_f32_small_rule(m)
+    else:
+        return mlp_f64_small_rule(m)
+
+
+cdef int _fill_buffers(model_t *m, dict k, int64_t *resets) except -1:
+    """Point the struct at the buffers in ``k`` (laid out by Policy; k keeps them alive), then let mlp_core.h
+    pick the vector copy and, for small shapes, a specialised kernel. Returns 1 when it picked one."""
+    cdef int l
+    for l in range(m.n_layers):
+        m.dot_form[l] = k["dot"][l]
+        m.W[l] = _data(k["W"][l])
+        m.b[l] = _data(k["b"][l])
+    for l in range(m.n_layers + 1):
+        m.act[l] = _data(k["act"][l])
+    m.mean, m.scale = <const double *> _data(k["mean"]), <const double *> _data(k["scale"])
+    m.obs_scale, m.obs_lo = <const double *> _data(k["obs_scale"]), <const double *> _data(k["obs_lo"])
+    m.obs_hi, m.norm_lo = <const double *> _data(k["obs_hi"]), <const double *> _data(k["norm_lo"])
+    m.norm_hi = <const double *> _data(k["norm_hi"])
+    m.act_lo, m.act_hi = <const double *> _data(k["act_lo"]), <const double *> _data(k["act_hi"])
+    m.act_off, m.act_scale = <const double *> _data(k["act_off"]), <const double *> _data(k["act_scale"])
+    m.xin = _data(k["xin"])
+    if m.rnn != MLP_RNN_NONE:
+        m.H, m.pH, m.pg = k["H"], k["pH"], k["pg"]
+        m.Wx, m.Wh, m.bx, m.bh = _data(k["Wx"]), _data(k["Wh"]), _data(k["bx"]), _data(k["bh"])
+        m.gx, m.gh, m.h, m.c = _data(k["gx"]), _data(k["gh"]), _data(k["h"]), _data(k["c"])
+        m.resets = resets
+    m.small_layout = k["small"]
+    if model_t is mlp_f32:
+        mlp_f32_init(m)
+    else:
+        mlp_f64_init(m)
+    return m.specialised
+
+
 cdef class Policy:
     """A loaded policy: pre-process -> [LSTM / GRU] -> (Dense + activation) * layers -> head (argmax or continuous).
 
@@ -89,7 +147,7 @@ cdef class Policy:
     """
 
     def __cinit__(self, spec):
-        from control_node.kernels.model_file import ModelSpec
+        from control_node.kernels.model_file import ACTIVATIONS, ModelSpec
         if not isinstance(spec, ModelSpec):
             raise TypeError("Policy(spec) takes a kernels.model_file.ModelSpec; use Policy.load(path) for a file")
         n_layers = len(spec.layers)
@@ -98,32 +156,33 @@ cdef class Policy:
         self.spec = spec
         self._is_f32 = spec.dtype == "float32"
         dtype = np.float32 if self._is_f32 else np.float64
-        cdef int lanes = BLOCK_BYTES // np.dtype(dtype).itemsize
+        itemsize = np.dtype(dtype).itemsize
+        cdef int lanes = BLOCK_BYTES // itemsize
+        cdef int PW = MLP_PANEL_BYTES // itemsize
         dims = [spec.layers[0][0].shape[0]] + [W.shape[1] for W, _ in spec.layers]   # the dense stack
         n_obs = spec.n_features           # dims[0], or the recurrent layer's input width
         self.n_features = n_obs
         self.n_classes = dims[n_layers]
-        arrays = []
+        self.continuous = spec.head == "continuous"
+        k = {"n_layers": n_layers, "dims": dims, "pdims": [_pad(d, lanes) for d in dims], "n_obs": n_obs,
+             "codes": [ACTIVATIONS[a][0] for a in spec.activations], "alphas": list(spec.alphas),
+             "head": MLP_HEAD_CONTINUOUS if self.continuous else MLP_HEAD_ARGMAX, "squash": spec.squash,
+             "pre": spec.has_preprocessing, "rnn": _RNN_KIND[spec.recurrent]}
+        # the shape and activation fields first: mlp_core.h's rule says whether the small compile-time-shaped
+        # kernels compute this policy, and those take their own layout (an axpy hidden layer, row-major)
+        if self._is_f32:
+            small = _fill_shape(&self._m32, k)
+        else:
+            small = _fill_shape(&self._m64, k)
         # padded to 64 bytes for vector loads: pad lanes normalise to (0 - 0) / 1 = 0
-        mean = _aligned_zeros(_pad(n_obs, BLOCK_BYTES // 8), np.float64)
-        scale = _aligned_zeros(_pad(n_obs, BLOCK_BYTES // 8), np.float64)
-        mean[:n_obs] = spec.mean
-        scale[:] = 1.0
-        scale[:n_obs] = spec.scale
-        arrays += [mean, scale]
-        cdef int PW = MLP_PANEL_BYTES // np.dtype(dtype).itemsize
+        k["mean"] = _aligned_zeros(_pad(n_obs, BLOCK_BYTES // 8), np.float64)
+        k["scale"] = _aligned_zeros(_pad(n_obs, BLOCK_BYTES // 8), np.float64)
+        k["mean"][:n_obs] = spec.mean
+        k["scale"][:] = 1.0
+        k["scale"][:n_obs] = spec.scale
         acts = [_aligned_zeros(_pad(d, PW), dtype) for d in dims]     # axpy layers write whole panels
-        arrays += acts
-        cdef Py_ssize_t l
-        cdef cnp.ndarray Wp, bp, act
-        itemsize = np.dtype(dtype).itemsize
-        # small one-hidden-layer policies run compile-time-shaped kernels that take this layout
-        # (the shape and what those kernels compute: mlp_core.h MLP_SMALL_FITS, which picks them)
-        small = (mlp_small_shape(n_layers, dims[0], dims[1], dims[n_layers], itemsize) and not spec.recurrent
-                 and list(spec.activations) == ["relu", "identity"] and spec.head == "argmax"
-                 and not spec.has_preprocessing)
-        for l in range(n_layers):
-            W, b = spec.layers[l]
+        k["act"], k["dot"], k["W"], k["b"] = acts, [], [], []
+        for l, (W, b) in enumerate(spec.layers):
             n_in, n_out = W.shape
             dot = (l == 1) if small else _choose_dot_form(n_in, n_out, itemsize)
             if dot:     # rows padded to 64 bytes of outputs (zero rows): outputs go a vector at a time
@@ -137,166 +196,63 @@ cdef class Policy:
                 Wp[:] = _in_panels(np.asarray(W, dtype), PW)
             bp = _aligned_zeros(_pad(n_out, PW), dtype)
             bp[:n_out] = b
-            arrays += [Wp, bp]
-            if self._is_f32:
-                self._m32.dot_form[l] = dot
-                self._m32.W[l] = <const float *> cnp.PyArray_DATA(Wp)
-                self._m32.b[l] = <const float *> cnp.PyArray_DATA(bp)
-            else:
-                self._m64.dot_form[l] = dot
-                self._m64.W[l] = <const double *> cnp.PyArray_DATA(Wp)
-                self._m64.b[l] = <const double *> cnp.PyArray_DATA(bp)
-        for l in range(n_layers + 1):
-            act = acts[l]
-            if self._is_f32:
-                self._m32.dims[l] = dims[l]
-                self._m32.pdims[l] = _pad(dims[l], lanes)
-                self._m32.act[l] = <float *> cnp.PyArray_DATA(act)
-            else:
-                self._m64.dims[l] = dims[l]
-                self._m64.pdims[l] = _pad(dims[l], lanes)
-                self._m64.act[l] = <double *> cnp.PyArray_DATA(act)
-        from control_node.kernels.model_file import ACTIVATIONS
-        codes = [ACTIVATIONS[a][0] for a in spec.activations]
-        n_pad = _pad(dims[0], BLOCK_BYTES // 8)
-        pre = [np.ascontiguousarray(a, dtype=np.float64) for a in
-               (spec.obs_scale, spec.obs_clip_low, spec.obs_clip_high, spec.norm_clip_low, spec.norm_clip_high)]
-        post = [np.ascontiguousarray(a, dtype=np.float64) for a in
-                (spec.action_low, spec.action_high, spec.action_offset, spec.action_scale)]
-        arrays += pre + post
-        cdef cnp.ndarray p0 = pre[0], p1 = pre[1], p2 = pre[2], p3 = pre[3], p4 = pre[4]
-        cdef cnp.ndarray q0 = post[0], q1 = post[1], q2 = post[2], q3 = post[3]
-        self.continuous = spec.head == "continuous"
-        head = MLP_HEAD_CONTINUOUS if self.continuous else MLP_HEAD_ARGMAX
-        if self._is_f32:
-            self._m32.n_layers = n_layers
-            self._m32.mean = <const double *> cnp.PyArray_DATA(mean)
-            self._m32.scale = <const double *> cnp.PyArray_DATA(scale)
-            for l in range(n_layers):
-                self._m32.act_code[l] = codes[l]
-                self._m32.alpha[l] = spec.alphas[l]
-            self._m32.pre = spec.has_preprocessing
-            self._m32.obs_scale = <const double *> cnp.PyArray_DATA(p0)
-            self._m32.obs_lo = <const double *> cnp.PyArray_DATA(p1)
-            self._m32.obs_hi = <const double *> cnp.PyArray_DATA(p2)
-            self._m32.norm_lo = <const double *> cnp.PyArray_DATA(p3)
-            self._m32.norm_hi = <const double *> cnp.PyArray_DATA(p4)
-            self._m32.head = head
-            self._m32.squash = spec.squash
-            self._m32.act_lo = <const double *> cnp.PyArray_DATA(q0)
-            self._m32.act_hi = <const double *> cnp.PyArray_DATA(q1)
-            self._m32.act_off = <const double *> cnp.PyArray_DATA(q2)
-            self._m32.act_scale = <const double *> cnp.PyArray_DATA(q3)
-        else:
-            self._m64.n_layers = n_layers
-            self._m64.mean = <const double *> cnp.PyArray_DATA(mean)
-            self._m64.scale = <const double *> cnp.PyArray_DATA(scale)
-            for l in range(n_layers):
-                self._m64.act_code[l] = codes[l]
-                self._m64.alpha[l] = spec.alphas[l]
-            self._m64.pre = spec.has_preprocessing
-            self._m64.obs_scale = <const double *> cnp.PyArray_DATA(p0)
-            self._m64.obs_lo = <const double *> cnp.PyArray_DATA(p1)
-            self._m64.obs_hi = <const double *> cnp.PyArray_DATA(p2)
-            self._m64.norm_lo = <const double *> cnp.PyArray_DATA(p3)
-            self._m64.norm_hi = <const double *> cnp.PyArray_DATA(p4)
-            self._m64.head = head
-            self._m64.squash = spec.squash
-            self._m64.act_lo = <const double *> cnp.PyArray_DATA(q0)
-            self._m64.act_hi = <const double *> cnp.PyArray_DATA(q1)
-            self._m64.act_off = <const double *> cnp.PyArray_DATA(q2)
-            self._m64.act_scale = <const double *> cnp.PyArray_DATA(q3)
+            k["dot"].append(dot)
+            k["W"].append(Wp)
+            k["b"].append(bp)
+        for name, a in zip(("obs_scale", "obs_lo", "obs_hi", "norm_lo", "norm_hi"),
+                           (spec.obs_scale, spec.obs_clip_low, spec.obs_clip_high, spec.norm_clip_low,
+                            spec.norm_clip_high)):
+            k[name] = np.ascontiguousarray(a, dtype=np.float64)
+        for name, a in zip(("act_lo", "act_hi", "act_off", "act_scale"),
+                           (spec.action_low, spec.action_high, spec.action_offset, spec.action_scale)):
+            k[name] = np.ascontiguousarray(a, dtype=np.float64)
+        k["xin"] = acts[0]
         self.state_resets_nonfinite = 0
         self.hidden_size = 0
         self._state = None
-        if self._is_f32:
-            self._m32.n_obs = n_obs
-            self._m32.xin = self._m32.act[0]
-        else:
-            self._m64.n_obs = n_obs
-            self._m64.xin = self._m64.act[0]
         if spec.recurrent:
-            arrays += self._setup_recurrent(spec, dtype, lanes, acts[0])
+            self._lay_out_recurrent(spec, dtype, lanes, k)
+        k["small"] = small
         if self._is_f32:
-            self._m32.small_layout = small
-            mlp_f32_init(&self._m32)        # picks ISA and, for small shapes, a specialised kernel
-            picked = self._m32.specialised
+            picked = _fill_buffers(&self._m32, k, &self.state_resets_nonfinite)
         else:
-            self._m64.small_layout = small
-            mlp_f64_init(&self._m64)
-            picked = self._m64.specialised
+            picked = _fill_buffers(&self._m64, k, &self.state_resets_nonfinite)
         if bool(picked) != bool(small):     # the two layouts differ: a mismatch would compute garbage
             raise RuntimeError(f"kernel layout: laid out {'small' if small else 'generic'}, "
                                f"but mlp_core.h picked {'small' if picked else 'generic'} kernels")
         self.n_actions = spec.n_actions
         self._u = _aligned_zeros(_pad(self.n_actions, 8), np.float64)
         self._u_ptr = <double *> cnp.PyArray_DATA(self._u)
-        self._arrays = (arrays, acts[n_layers][:self.n_classes])
+        self._arrays = (k, acts[n_layers][:self.n_classes])     # k holds every buffer the struct points into
         self._bound = None
         self._bound_ptr = NULL
 
-    def _setup_recurrent(self, spec, dtype, int lanes, h_buf):
-        """Lay the recurrent layer out for the kernel (mlp_core.h): gate block g of pH = H padded to 64 bytes at
-        columns g*pH.., G*pH padded to pg (whole 256-byte panels); Wx (n_obs, pg) and Wh (H, pg) in axpy form,
-        stored panel by panel ((pg / PW, n_in, PW)); biases (pg,) in the same columns; the gx / gh scratch, the
-        state h (= the dense stack's input buffer) and c. Returns the arrays to keep alive."""
+    def _lay_out_recurrent(self, spec, dtype, int lanes, dict k):
+        """Lay the recurrent layer out for the kernel (mlp_core.h) into ``k``: gate block g of pH = H padded to
+        64 bytes at columns g*pH.., G*pH padded to pg (whole 256-byte panels); Wx (n_obs, pg) and Wh (H, pg) in
+        axpy form, stored panel by panel ((pg / PW, n_in, PW)); biases (pg,) in the same columns; the gx / gh
+        scratch, the padded input xin, the state h (= the dense stack's input buffer, act[0]) and c."""
         from control_node.kernels.model_file import RECURRENT
         cdef int H = spec.hidden_size, G = len(RECURRENT[spec.recurrent]), n_obs = spec.n_features
         cdef int pH = _pad(H, lanes)
         cdef int PW = MLP_PANEL_BYTES // np.dtype(dtype).itemsize
         cdef int pg = _pad(G * pH, PW)
-        cdef cnp.ndarray Wx = _aligned_zeros(n_obs * pg, dtype)
-        cdef cnp.ndarray Wh = _aligned_zeros(H * pg, dtype)
-        cdef cnp.ndarray bx = _aligned_zeros(pg, dtype)
-        cdef cnp.ndarray bh = _aligned_zeros(pg, dtype)
-        cdef cnp.ndarray gx = _aligned_zeros(pg, dtype)
-        cdef cnp.ndarray gh = _aligned_zeros(pg, dtype)
-        cdef cnp.ndarray xin = _aligned_zeros(_pad(n_obs, lanes), dtype)
-        cdef cnp.ndarray hb = h_buf
-        cdef cnp.ndarray cb = _aligned_zeros(pH, dtype)
+        bx, bh = _aligned_zeros(pg, dtype), _aligned_zeros(pg, dtype)
         Wx_cols, Wh_cols = np.zeros((n_obs, pg), dtype), np.zeros((H, pg), dtype)     # row-major, then in panels
         for g in range(G):           # torch rows g*H .. (g+1)*H - 1 are gate g
             Wx_cols[:, g * pH:g * pH + H] = spec.rnn_W_ih[g * H:(g + 1) * H, :].T
             Wh_cols[:, g * pH:g * pH + H] = spec.rnn_W_hh[g * H:(g + 1) * H, :].T
             bx[g * pH:g * pH + H] = spec.rnn_b_ih[g * H:(g + 1) * H]
             bh[g * pH:g * pH + H] = spec.rnn_b_hh[g * H:(g + 1) * H]
+        Wx, Wh = _aligned_zeros(n_obs * pg, dtype), _aligned_zeros(H * pg, dtype)
         Wx[:] = _in_panels(Wx_cols, PW)
         Wh[:] = _in_panels(Wh_cols, PW)
         lstm = spec.recurrent == "lstm"
-        kind = MLP_RNN_LSTM if lstm else MLP_RNN_GRU
-        if self._is_f32:
-            self._m32.rnn = kind
-            self._m32.H = H
-            self._m32.pH = pH
-            self._m32.pg = pg
-            self._m32.xin = <float *> cnp.PyArray_DATA(xin)
-            self._m32.Wx = <const float *> cnp.PyArray_DATA(Wx)
-            self._m32.Wh = <const float *> cnp.PyArray_DATA(Wh)
-            self._m32.bx = <const float *> cnp.PyArray_DATA(bx)
-            self._m32.bh = <const float *> cnp.PyArray_DATA(bh)
-            self._m32.gx = <float *> cnp.PyArray_DATA(gx)
-            self._m32.gh = <float *> cnp.PyArray_DATA(gh)
-            self._m32.h = <float *> cnp.PyArray_DATA(hb)
-            self._m32.c = <float *> cnp.PyArray_DATA(cb) if lstm else NULL
-            self._m32.resets = &self.state_resets_nonfinite
-        else:
-            self._m64.rnn = kind
-            self._m64.H = H
-            self._m64.pH = pH
-            self._m64.pg = pg
-            self._m64.xin = <double *> cnp.PyArray_DATA(xin)
-            self._m64.Wx = <const double *> cnp.PyArray_DATA(Wx)
-            self._m64.Wh = <const double *> cnp.PyArray_DATA(Wh)
-            self._m64.bx = <const double *> cnp.PyArray_DATA(bx)
-            self._m64.bh = <const double *> cnp.PyArray_DATA(bh)
-            self._m64.gx = <double *> cnp.PyArray_DATA(gx)
-            self._m64.gh = <double *> cnp.PyArray_DATA(gh)
-            self._m64.h = <double *> cnp.PyArray_DATA(hb)
-            self._m64.c = <double *> cnp.PyArray_DATA(cb) if lstm else NULL
-            self._m64.resets = &self.state_resets_nonfinite
+        k.update(H=H, pH=pH, pg=pg, Wx=Wx, Wh=Wh, bx=bx, bh=bh, gx=_aligned_zeros(pg, dtype),
+                 gh=_aligned_zeros(pg, dtype), xin=_aligned_zeros(_pad(n_obs, lanes), dtype), h=k["act"][0],
+                 c=_aligned_zeros(pH, dtype) if lstm else None)
         self.hidden_size = H
-        self._state = (hb, cb if lstm else None)
-        return [Wx, Wh, bx, bh, gx, gh, xin, cb]
+        self._state = (k["h"], k["c"])
 
     @classmethod
     def load(cls, path, *, verify=True):
@@ -590,7 +546,12 @@ cdef class Policy:
     @property
     def nbytes(self):
         """Bytes of the buffers the kernel owns (laid-out weights, activations, recurrent state)."""
-        return int(sum(a.nbytes for a in self._arrays[0] if a is not None) + self._u.nbytes)
+        arrays = {}
+        for v in self._arrays[0].values():
+            for a in (v if isinstance(v, list) else [v]):
+                if isinstance(a, np.ndarray):
+                    arrays[id(a)] = a        # h is act[0]: counted once
+        return int(sum(a.nbytes for a in arrays.values()) + self._u.nbytes)
 
     @property
     def layout(self):

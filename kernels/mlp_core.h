@@ -559,17 +559,20 @@ static int mlp_f32_pick_small##SFX(mlp_f32 *m) {                                
     return 0;                                                                         \
 }
 
-/* The small-kernel shape rule, also used by kernels/_policy.pyx to lay such policies out as
- * an axpy hidden layer and a dot head: one hidden layer, <= 8 inputs, <= 32 hidden units,
- * classes in 64 bytes (8 float64 / 16 float32). */
+/* The small-kernel rule, the one definition (kernels/_policy.pyx asks mlp_*_small_rule() before it lays
+ * the weights out): one hidden layer, <= 8 inputs, <= 32 hidden units, classes in 64 bytes (8 float64 /
+ * 16 float32), and only what those kernels compute: ReLU then identity, argmax, plain normalisation, no
+ * recurrent layer. It reads the shape and activation fields only, so it can be asked before W is set. */
 static inline int mlp_small_shape(int n_layers, int n_in, int n_hidden, int n_out, int itemsize) {
     return n_layers == 2 && n_in <= 8 && n_hidden <= 32 && n_out * itemsize <= MLP_BLOCK_BYTES;
 }
-/* ... and only for what those kernels compute: ReLU then identity, argmax, plain normalisation. */
-#define MLP_SMALL_FITS(m) (mlp_small_shape((m)->n_layers, (m)->dims[0], (m)->dims[1], (m)->dims[2], \
-                                               (int)sizeof(**(m)->W)) && !(m)->dot_form[0] && (m)->dot_form[1] \
+#define MLP_SMALL_RULE(m, itemsize) (mlp_small_shape((m)->n_layers, (m)->dims[0], (m)->dims[1], (m)->dims[2], \
+                                                    (itemsize)) \
                            && (m)->act_code[0] == MLP_ACT_RELU && (m)->act_code[1] == MLP_ACT_IDENTITY \
-                           && (m)->head == MLP_HEAD_ARGMAX && !(m)->pre && !(m)->rnn && (m)->small_layout)
+                           && (m)->head == MLP_HEAD_ARGMAX && !(m)->pre && !(m)->rnn)
+/* ... and laid out for them: an axpy hidden layer (row-major), a dot head. */
+#define MLP_SMALL_FITS(m) (MLP_SMALL_RULE(m, (int)sizeof(**(m)->W)) && !(m)->dot_form[0] && (m)->dot_form[1] \
+                           && (m)->small_layout)
 
 /* x86 MAXPD/MAXPS return the second operand when either is NaN: max(0, v) keeps NaN. */
 #define MLP_RELU_MAXPD256(v) __builtin_ia32_maxpd256((mlp_v4d){0}, (v))
@@ -577,6 +580,8 @@ static inline int mlp_small_shape(int n_layers, int n_in, int n_hidden, int n_ou
 
 MLP_STRUCT(double, mlp_f64)
 MLP_STRUCT(float, mlp_f32)
+static inline int mlp_f64_small_rule(const mlp_f64 *m) { return MLP_SMALL_RULE(m, (int)sizeof(double)); }
+static inline int mlp_f32_small_rule(const mlp_f32 *m) { return MLP_SMALL_RULE(m, (int)sizeof(float)); }
 
 /* Continuous head, in float64 on the last layer's outputs: squash, clip, affine. A dozen to */
 /* a few dozen actions: scalar code (libm tanh) costs less than the last layer's FMAs. */

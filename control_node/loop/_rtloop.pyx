@@ -503,7 +503,8 @@ cdef class RtLoop:
         cdef int64_t end = cn_load_acquire(&self.tr_count)
         start = max(start, end - TR_CAP)
         out = []
-        cdef int64_t k, *row
+        cdef int64_t k
+        cdef int64_t *row
         for k in range(start, end):
             row = self.tr + (k % TR_CAP) * TR_FIELDS
             out.append(tuple(int(row[j]) for j in range(TR_FIELDS)))
