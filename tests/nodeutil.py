@@ -52,6 +52,19 @@ class Robot:
                 return out
             out.append(msgpack.unpackb(self.sub.recv()))
 
+    def actions_until(self, seq, timeout=1.0):
+        """Every action received up to the first that answers ``seq`` (not safe), that one included, or
+        within ``timeout`` seconds when none does: a late answer (a host stall) still counts for its frame."""
+        out = []
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not self.sub.poll(int(left * 1000) + 1):
+                return out
+            out.append(msgpack.unpackb(self.sub.recv()))
+            if out[-1]["seq"] == seq and not out[-1]["safe"]:
+                return out
+
     def wait_answer(self, seq, timeout=2.0):
         """The first action answering ``seq`` (safe or not), or None."""
         deadline = time.monotonic() + timeout

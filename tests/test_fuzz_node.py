@@ -400,8 +400,9 @@ def test_interleaved_at_khz_rates_keeps_rate_and_counts(tmp_path, iris_model_pat
 
 # ---------------------------------------------------------------- seq edge cases (uint64)
 def _lockstep_seqs(tmp_path, iris_model_path, policy, seqs, trip_first=False):
-    """Send frames with these seqs one by one (0.1 s apart), after connecting and, with trip_first,
-    after letting the watchdog (1 s here) trip so that the first one is accepted whatever its seq.
+    """Send frames with these seqs one by one (each after the last one's answer, or 0.3 s without one: two
+    rejected frames in a row stay inside the watchdog's 1 s), after connecting and, with trip_first, after
+    letting the watchdog trip so that the first one is accepted whatever its seq.
     Returns (actions received after each frame, summary)."""
     node, _ = start_node(tmp_path, iris_model_path, "[watchdog]\nstale_after_ms = 1000.0\n")
     robot = Robot(node.endpoints)
@@ -418,7 +419,7 @@ def _lockstep_seqs(tmp_path, iris_model_path, policy, seqs, trip_first=False):
                 assert time.monotonic() < deadline, "the watchdog never tripped"
         for s in seqs:
             robot.pub.send(msgpack.packb({"seq": s, "t_ns": time.monotonic_ns(), "x": list(map(float, x))}))
-            got.append(robot.actions(timeout=0.1))
+            got.append(robot.actions_until(s, timeout=0.3))
     finally:
         robot.close()
     rc, out, err, run_dir = stop_node(node)

@@ -42,7 +42,7 @@ def test_history_stacks_the_last_frames(tmp_path, history_model_path, order):
     policy = Policy.load(history_model_path)
     node, _ = start_node(tmp_path, history_model_path,
                          extra=f'[policy]\nhistory = {N}\nhistory_order = "{order}"\n'
-                               "[watchdog]\nstale_after_ms = 50.0\n")
+                               "[watchdog]\nstale_after_ms = 150.0\n")   # over a host stall between frames
     robot = Robot(node.endpoints)
     rng = np.random.default_rng(11)
     try:
@@ -50,7 +50,7 @@ def test_history_stacks_the_last_frames(tmp_path, history_model_path, order):
         a = robot.connect(x0)          # since start every frame is x0: the filled history is x0 x N
         assert a["safe"] is False and a["u"] == policy.act(np.tile(x0, N)).tolist()
         for rnd in range(2):           # fill after a watchdog trip, twice
-            time.sleep(0.2)            # 4x stale_after without frames: the watchdog trips, the history empties
+            time.sleep(0.6)            # 4x stale_after without frames: the watchdog trips, the history empties
             quiet = robot.actions(timeout=0.05)
             assert quiet and all(q["safe"] for q in quiet[-5:])
             frames = []

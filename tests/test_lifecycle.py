@@ -364,6 +364,8 @@ def test_record_and_replay_follow_a_switch(tmp_path, iris_model_path):
     mcap = tmp_path / "rec.mcap"
     with NodeProcess(cfg, iris_model_path, "--run-dir", tmp_path / "node") as node1:
         node_eps = node1.endpoints
+        # loaded before the stream, so that only the activation (one CLI start-up) falls inside it
+        assert policy_cli(cfg, "load", "other", other)[0] == 0
         rec = start_recorder(cfg, mcap)
         sim = subprocess.Popen([sys.executable, "-m", "control_node", "sim", "gauss", "--duration", "4", "--noise",
                                 "0.3", "--seed", "3", "--tap", "--config", cfg, "--run-dir", str(tmp_path / "sim")],
@@ -380,7 +382,6 @@ def test_record_and_replay_follow_a_switch(tmp_path, iris_model_path):
             if diag.poll(200) and msgpack.unpackb(diag.recv())["frames_valid"] >= 800:
                 break
         diag.close(0)
-        assert policy_cli(cfg, "load", "other", other)[0] == 0
         rc, rep = policy_cli(cfg, "activate", "other")
         assert rc == 0, rep
         out, _ = sim.communicate(timeout=60)

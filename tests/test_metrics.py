@@ -36,8 +36,12 @@ def test_metrics_scraped_during_a_run_and_final_counters_equal_the_summary(tmp_p
         robot.send([0.2] * 6)
         time.sleep(0.002)
     robot.send_raw(b"\xc1 not msgpack")
-    time.sleep(0.3)
-    second = scrape(port)
+    deadline = time.monotonic() + 5      # until the exporter has the rejection (a host stall can delay it)
+    while True:
+        time.sleep(0.1)
+        second = scrape(port)
+        if second.get('control_node_rejected_frames_total{reason="malformed"}') or time.monotonic() > deadline:
+            break
     assert first["control_node_up"] == 1 and second["control_node_cycles_total"] > first["control_node_cycles_total"]
     assert second["control_node_frames_valid_total"] >= 50
     assert second['control_node_rejected_frames_total{reason="malformed"}'] == 1

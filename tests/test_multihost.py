@@ -276,8 +276,10 @@ def test_node_and_robot_in_two_namespaces_over_curve(link, tmp_path, iris_model_
     # CURVE over the veth: the robot's frames were accepted and answered in both phases
     # frames superseded during a host stall of the loop are in the node's own count (both phases)
     assert_answered_or_superseded(clean, s)
-    assert lossy["frames_answered"] >= 0.5 * lossy["frames_sent"]
-    assert s["frames_valid"] >= clean["frames_answered"]
+    # tcp delivers every frame despite the loss (retransmitted, late, bunched: then superseded), so the
+    # node accepted nearly all frames of both phases, and answered or superseded the lossy phase's
+    assert s["frames_valid"] >= 0.98 * (clean["frames_sent"] + lossy["frames_sent"]), s["frames_valid"]
+    assert_answered_or_superseded(lossy, s, share=0.9)
     # the link's effect: round trip grows by about the added delay
     grow_ms = (lossy["round_trip_ns"]["p50"] - clean["round_trip_ns"]["p50"]) / 1e6
     assert 0.6 * DELAY_MS <= grow_ms <= 4 * DELAY_MS, grow_ms

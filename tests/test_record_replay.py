@@ -28,8 +28,8 @@ def setup(tmp_path_factory, iris_model_path):
     write_node_config(cfg, ep)
     node = NodeProcess(cfg, iris_model_path, "--run-dir", d / "node")
     rec = start_recorder(cfg, d / "rec.mcap")
-    # 3 s: the --rate 2 replay's whole process (start-up ~0.4 s, more on a busy VM, + span / 2 + 0.3 s grace,
-    # which always runs out: at 2 kHz half the frames are superseded) must stay under the span
+    # 3 s: the --rate 2 replay (span / 2 + 0.3 s grace, which always runs out: at 2 kHz half the frames are
+    # superseded) must stay well under the span
     r = cn("sim", "gauss", "--duration", 3.0, "--noise", 0.3, "--seed", 3, "--tap", "--config", cfg,
            "--run-dir", d / "sim")
     rec.send_signal(signal.SIGINT)
@@ -84,13 +84,13 @@ def test_replay_rate_two_takes_half_the_time(setup, tmp_path):
     from control_node.sim.streams import replay_stream
     span = replay_stream(str(setup["mcap"])).offsets_ns[-1] / 1e9
     assert span > 1.2
-    t = time.monotonic()
     r = cn("replay", setup["mcap"], "--rate", 2.0, "--config", setup["cfg"], "--run-dir", tmp_path / "rp")
-    wall = time.monotonic() - t
     assert r.returncode == 0, r.stdout + r.stderr
     s = json.loads((tmp_path / "rp" / "summary.json").read_text())
     assert s["send_span_s"] == pytest.approx(span / 2, rel=0.15)
-    assert wall < span   # the whole process, start-up included, is quicker than real time
+    # the replay's own clock, from its first frame to the end of its grace (not the interpreter's start-up,
+    # which a busy 2-core VM can stretch past any budget): half the span plus the grace, well under the span
+    assert s["wall_s"] < 0.8 * span, (s["wall_s"], span)
 
 
 def test_sigkilled_recorder_leaves_readable_file(setup, tmp_path):

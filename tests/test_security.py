@@ -17,7 +17,7 @@ import pytest
 import zmq
 import zmq.auth  # a submodule: tests use it directly, whatever ran before them
 
-from nodeutil import Robot
+from nodeutil import Robot, assert_answered_or_superseded
 from control_node.bench.harness import CHILD_CWD, NodeProcess, write_node_config
 
 from control_node import endpoints, security
@@ -100,7 +100,8 @@ def test_allowed_client_is_answered_and_oversized_is_rejected(curve_node, iris_m
             assert a is not None and a["safe"] is False, f"frame {seq} not answered"
             assert a["action"] == policy.predict(np.ascontiguousarray(x))
         robot.send_raw(msgpack.packb({"seq": 10 ** 6, "t_ns": 1, "x": [0.0] * 4, "pad": b"\0" * 5000}))
-        time.sleep(0.2)
+        # a frame after it on the same connection is answered only once the oversized one was read
+        assert robot.wait_answer(robot.send(X[1])) is not None
     finally:
         robot.close()
         rc, out, err, run_dir = node.stop()
@@ -153,9 +154,10 @@ def test_sim_with_curve_keys(curve_node, tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     sim = summary_of(tmp_path / "sim")
     node_s = summary_of(run_dir)
-    # the loop closes over CURVE: most frames answered (a host stall of the 1 s stream once cost 88 of
-    # 200; loss under stalls is tested in test_reliability.py), every answer from a CURVE-accepted frame
-    assert sim["frames_answered"] >= 0.5 * sim["frames_sent"] and sim["accuracy"] is not None, sim
+    # the loop closes over CURVE: frames answered, or superseded by a newer one after a host stall (which
+    # once left 88 of 200 unanswered), every answer from a CURVE-accepted frame
+    assert_answered_or_superseded(sim, node_s)
+    assert sim["accuracy"] is not None, sim
     assert node_s["frames_valid"] >= sim["frames_answered"] and node_s["rejected_total"] == 0
 
 
