@@ -25,7 +25,7 @@ cdef extern from "mlp_core.h" nogil:
 
     # mlp_core.h MLP_STRUCT: one struct per model dtype with the same fields. Those of the model dtype
     # (float / double pointers in C) are declared void * here: C converts void * on assignment, so one
-    # fused function (_policy.pyx _fill) fills either struct and nothing here is written per dtype.
+    # pair of fused functions (_policy.pyx _fill_shape, _fill_buffers) fills either struct and nothing here is written per dtype.
     ctypedef struct mlp_f64:
         int n_layers
         int dims[MLP_MAX_LAYERS + 1]

@@ -76,8 +76,8 @@ ctypedef fused model_t:      # the kernel's struct for a float32 or a float64 po
     mlp_f64
 
 
-cdef inline void *_data(object a):
-    return NULL if a is None else cnp.PyArray_DATA(<cnp.ndarray> a)
+cdef inline void *_data(object a) except? NULL:
+    return NULL if a is None else cnp.PyArray_DATA(<cnp.ndarray?> a)
 
 
 cdef int _fill_shape(model_t *m, dict k) except -1:
@@ -101,6 +101,11 @@ cdef int _fill_buffers(model_t *m, dict k, int64_t *resets) except -1:
     """Point the struct at the buffers in ``k`` (laid out by Policy; k keeps them alive), then let mlp_core.h
     pick the vector copy and, for small shapes, a specialised kernel. Returns 1 when it picked one."""
     cdef int l
+    # the struct's weight pointers are void * to Cython: check the buffers' dtype here, once
+    itemsize = 4 if model_t is mlp_f32 else 8
+    for a in k["W"] + k["b"] + k["act"] + [k.get(n) for n in ("xin", "Wx", "Wh", "bx", "bh", "gx", "gh", "c")]:
+        if a is not None and a.itemsize != itemsize:
+            raise TypeError(f"kernel layout: a {a.dtype} buffer for a {itemsize * 8}-bit policy")
     for l in range(m.n_layers):
         m.dot_form[l] = k["dot"][l]
         m.W[l] = _data(k["W"][l])

@@ -275,11 +275,13 @@ def test_node_and_robot_in_two_namespaces_over_curve(link, tmp_path, iris_model_
     assert s["rejected_total"] == 0
     # CURVE over the veth: the robot's frames were accepted and answered in both phases
     # frames superseded during a host stall of the loop are in the node's own count (both phases)
-    assert_answered_or_superseded(clean, s)
     # tcp delivers every frame despite the loss (retransmitted, late, bunched: then superseded), so the
-    # node accepted nearly all frames of both phases, and answered or superseded the lossy phase's
-    assert s["frames_valid"] >= 0.98 * (clean["frames_sent"] + lossy["frames_sent"]), s["frames_valid"]
-    assert_answered_or_superseded(lossy, s, share=0.9)
+    # node accepted nearly all frames of both phases, and answered or superseded them (the node counts
+    # superseded frames over the whole run: one bound for both phases)
+    both = {k: clean[k] + lossy[k] for k in ("frames_sent", "frames_answered")}
+    assert s["frames_valid"] >= 0.98 * both["frames_sent"], (s["frames_valid"], both)
+    assert_answered_or_superseded(both, s, share=0.9)
+    assert clean["frames_answered"] >= 0.5 * clean["frames_sent"], clean     # and the clean phase on its own
     # the link's effect: round trip grows by about the added delay
     grow_ms = (lossy["round_trip_ns"]["p50"] - clean["round_trip_ns"]["p50"]) / 1e6
     assert 0.6 * DELAY_MS <= grow_ms <= 4 * DELAY_MS, grow_ms

@@ -99,16 +99,20 @@ def _with_interferer(tmp_path, model, mode):
     return summary["why_late"], bursts, tick
 
 
+def _overlaps(e, burst, tick):
+    """The event's window (from its tick to its publish) overlaps the burst (t0, t1) ns."""
+    t0 = tick[e["cycle"]] - 200_000
+    t1 = tick[e["cycle"]] + e["wake_latency_ns"] + e["cycle_time_ns"]
+    return t0 <= burst[1] and burst[0] <= t1
+
+
 def _named_for_the_bursts(w, bursts, tick, cause):
     """The misses named ``cause`` cover >= 80 % of the bursts, and no event outside a burst has it.
     Returns those misses."""
     named = [e for e in w["events"] if e["cause"] == cause]
 
     def overlaps(e, burst):
-        """The event's window (from its tick to its publish) overlaps the burst."""
-        t0 = tick[e["cycle"]] - 200_000
-        t1 = tick[e["cycle"]] + e["wake_latency_ns"] + e["cycle_time_ns"]
-        return t0 <= burst[1] and burst[0] <= t1
+        return _overlaps(e, burst, tick)
     hit = {i for i, b in enumerate(bursts) if any(overlaps(e, b) for e in named if e["miss"])}
     assert len(hit) >= 0.8 * len(bursts), (len(hit), len(bursts), w["text"])      # recall
     stray = [e for e in named if not any(overlaps(e, b) for b in bursts)]
@@ -125,7 +129,14 @@ def test_a_task_holding_the_loop_core_is_named(tmp_path, continuous_f64_model_pa
     names `task cn-interferer` for it from the trace, and names it for no other miss."""
     w, bursts, tick = _with_interferer(tmp_path, continuous_f64_model_path, "interferer")
     misses = _named_for_the_bursts(w, bursts, tick, "task cn-interferer")
-    assert all(e["seen"]["task cn-interferer"] >= 1000 for e in misses), misses   # >= 1 ms of it in each miss
+    # the trace saw it hold the core: >= 1 ms of it in the misses of each burst they cover (a burst can
+    # straddle two misses' windows, e.g. when a host stall made the first one late already)
+    seen = {}
+    for e in misses:
+        for i, b in enumerate(bursts):
+            if _overlaps(e, b, tick):
+                seen[i] = seen.get(i, 0.0) + e["seen"]["task cn-interferer"]
+    assert seen and all(us >= 1000 for us in seen.values()), (seen, misses)
 
 
 @pytest.mark.skipif(_can_trace_and_fifo() is not None, reason=str(_can_trace_and_fifo()))
