@@ -42,8 +42,9 @@ class Robot:
         else:
             self.pub.send_multipart([data, *more])
 
-    def actions(self, timeout=1.0):
-        """Every action received within ``timeout`` seconds."""
+    def actions(self, timeout=1.0, until=None):
+        """Every action received within ``timeout`` seconds; with ``until`` (a seq), up to the first that
+        answers it (not safe), that one included: a late answer (a host stall) still counts for its frame."""
         out = []
         deadline = time.monotonic() + timeout
         while True:
@@ -51,18 +52,7 @@ class Robot:
             if left <= 0 or not self.sub.poll(int(left * 1000) + 1):
                 return out
             out.append(msgpack.unpackb(self.sub.recv()))
-
-    def actions_until(self, seq, timeout=1.0):
-        """Every action received up to the first that answers ``seq`` (not safe), that one included, or
-        within ``timeout`` seconds when none does: a late answer (a host stall) still counts for its frame."""
-        out = []
-        deadline = time.monotonic() + timeout
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0 or not self.sub.poll(int(left * 1000) + 1):
-                return out
-            out.append(msgpack.unpackb(self.sub.recv()))
-            if out[-1]["seq"] == seq and not out[-1]["safe"]:
+            if until is not None and out[-1]["seq"] == until and not out[-1]["safe"]:
                 return out
 
     def wait_answer(self, seq, timeout=2.0):

@@ -419,7 +419,7 @@ def _lockstep_seqs(tmp_path, iris_model_path, policy, seqs, trip_first=False):
                 assert time.monotonic() < deadline, "the watchdog never tripped"
         for s in seqs:
             robot.pub.send(msgpack.packb({"seq": s, "t_ns": time.monotonic_ns(), "x": list(map(float, x))}))
-            got.append(robot.actions_until(s, timeout=0.3))
+            got.append(robot.actions(timeout=0.3, until=s))
     finally:
         robot.close()
     rc, out, err, run_dir = stop_node(node)
