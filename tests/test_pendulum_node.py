@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from control_node.bench.harness import CHILD_CWD, child_env, make_endpoint_dir
 from nodeutil import assert_answered_or_superseded
+from control_node.bench.harness import CHILD_CWD, child_env, make_endpoint_dir
 from control_node.endpoints import default_config
 
 

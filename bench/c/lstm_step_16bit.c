@@ -1,7 +1,8 @@
 /* What 16-bit weights would buy the rsl_rl LSTM(48->256) + 256-128-12 ELU step (issue 12's ">= 5x
  * onnxruntime" target, out of reach in float32: the step's 1.39 MB of weights exceed this core's L2).
- * One whole step at C level, as the kernel runs it (mlp_core.h: axpy panels of 256-byte output columns,
- * read in order; sigmoid / tanh / ELU from kernels/vmath.h; the state h, c carried from step to step),
+ * One whole step at C level, laid out as the kernel lays it out (mlp_core.h: axpy panels of 256-byte output
+ * columns, read in order; sigmoid / tanh / ELU from kernels/vmath.h; the state h, c carried from step to
+ * step), except that W_ih and W_hh are one (48 + 256) x 1024 matrix here (the kernel runs two products),
  * with the gate weights (304 inputs = 48 obs + 256 of h -> 4 x 256 gates, 1.19 MiB in float32) in:
  *   f32        float32: the kernel's format (the C-level time should match `bench recurrent`'s)
  *   f16        IEEE half (0.6 MiB: fits the 1 MiB L2), widened by vcvtph2ps, float32 FMA
