@@ -59,7 +59,7 @@ def import_policy(path, *, obs_norm=None, dtype=None, check_X=None, n_random=200
     n = folded.n_features
     mean = folded.mean if folded.mean is not None else np.zeros(n)
     scale = folded.scale if folded.scale is not None else np.ones(n)
-    norm_clip = (-np.inf, np.inf)
+    norm_clip = folded.norm_clip if folded.norm_clip is not None else (-np.inf, np.inf)
     pre = None
     if norm is not None:
         if folded.mean is not None or folded.scale is not None:
@@ -144,7 +144,7 @@ def _recognised(fmt, folded, norm, meta) -> dict:
     layers = [f"{note}, {act}" + (f"(alpha={al:g})" if act in ("elu", "leaky_relu", "celu") else "")
               for note, act, al in zip(folded.layer_notes, folded.activations, folded.alphas)]
     out = {"format": fmt, "normaliser": normaliser, "layers": layers, "head": folded.head,
-           "metadata": meta["notes"], "dropped": folded.dropped}
+           "metadata": meta["notes"], "dropped": folded.dropped, "warnings": folded.warnings}
     if folded.recurrent:
         st = folded.state
         carried = (", ".join(f"{st['outputs'][w]} -> {st['inputs'][w]}" for w in st.get("inputs", {})) or
@@ -171,6 +171,8 @@ def describe(spec, proof) -> str:
         lines.append(f"  metadata      {note}")
     for d in r.get("dropped", []):
         lines.append(f"  dropped       {d}")
+    for w in r.get("warnings", []):
+        lines.append(f"  warning       {w}")
     seqs = f" in {len(proof['sequences'])} sequences (state carried)" if proof.get("sequences") else ""
     lines.append(f"proved against {proof['reference']} on {proof['samples']} observations{seqs}: max |error| "
                  f"{proof['max_abs_err']:.3g} (tolerance {proof['tolerance']})")

@@ -70,6 +70,8 @@ class Folded:
     rnn: dict | None = None                              # its rnn_W_ih, rnn_W_hh, rnn_b_ih, rnn_b_hh (torch layout)
     rnn_note: str = ""                                   # where it came from
     state: dict = field(default_factory=dict)            # how the format carries the state (names, buffers)
+    norm_clip: tuple | None = None                       # (low, high) clip of the normalised observation
+    warnings: list = field(default_factory=list)         # what the import's output must tell the user
 
     def rnn_fields(self) -> dict:
         """The ModelSpec keyword arguments of the recurrent layer (empty without one)."""
@@ -102,6 +104,7 @@ class Builder:
         self.head_notes = []
         self.recurrent = self.rnn = None
         self.rnn_note = ""
+        self.norm_clip = None
 
     def refuse(self, where, problem, fix):
         raise ImportRefused(self.file, where, problem, fix)
@@ -119,6 +122,9 @@ class Builder:
 
     # -- observation normaliser: (x - mean) / scale -------------------------------------------------
     def _normaliser_stage(self, where, op):
+        if self.norm_clip is not None:
+            self.refuse(where, f"{op} after the clip of the observation: the model file clips (x - mean) / scale "
+                        "last", "export the normaliser as clip((x - mean) / std, lo, hi)")
         if self.stage == "rnn":
             self.refuse(where, f"{op} on the recurrent layer's output is not supported (only the observation is "
                         "normalised, before the recurrent layer; a dense layer must follow it)",
@@ -279,9 +285,11 @@ class Builder:
         self.head_notes.append(note)
 
     def clip(self, lo, hi, where):
-        if self.stage in ("input", "rnn"):
-            self.refuse(where, "Clip on the observation or the recurrent state is not recognised in the graph",
-                        "drop it from the graph and set obs_clip in the model file")
+        if self.stage == "input":
+            return self.obs_clip(lo, hi, where)
+        if self.stage == "rnn":
+            self.refuse(where, "Clip on the recurrent state is not recognised in the graph",
+                        "export the policy as normaliser -> LSTM / GRU -> MLP")
         if self.stage == "clipped":
             self.refuse(where, "a second Clip on the action", "export one Clip on the action output")
         lo = np.full(self.width, -np.inf) if lo is None else self._vector(lo, where, "min")
@@ -294,6 +302,17 @@ class Builder:
         self.low, self.high = lo, hi
         self.stage = "clipped"
         self.head_notes.append(f"{where}: clip to [{_bound(lo)}, {_bound(hi)}]")
+
+    def obs_clip(self, lo, hi, where):
+        """A clip of the normalised observation, clip((x - mean) / scale, lo, hi): the model file's norm_clip."""
+        if self.norm_clip is not None:
+            self.refuse(where, "a second clip on the observation", "export one clip in the normaliser")
+        lo = np.full(self.width, -np.inf) if lo is None else self._vector(lo, where, "min")
+        hi = np.full(self.width, np.inf) if hi is None else self._vector(hi, where, "max")
+        if (lo > hi).any():
+            self.refuse(where, "min > max", "re-export the clip")
+        self.norm_clip = (lo, hi)
+        self.norm_ops.append(f"{where}: clip the normalised observation to [{_bound(lo)}, {_bound(hi)}]")
 
     def finish(self, where) -> Folded:
         if not self.layers:
@@ -315,4 +334,4 @@ class Builder:
         return Folded(n_features=self.n_features, layers=[tuple(wb) for wb in self.layers], activations=self.acts,
                       alphas=self.alphas, mean=self.mean, scale=self.scale, squash=squash, action_low=low,
                       action_high=high, layer_notes=self.layer_notes, normaliser=normaliser, head=head,
-                      recurrent=self.recurrent, rnn=self.rnn, rnn_note=self.rnn_note)
+                      recurrent=self.recurrent, rnn=self.rnn, rnn_note=self.rnn_note, norm_clip=self.norm_clip)

@@ -202,8 +202,8 @@ def prove(file, spec, runtime, X, runtime_dtype, pre=None, starts=(0,)) -> dict:
             at += f" (sequence {k}, step {i - s0}, state carried from row {s0})"
             proof["first_bad"].update(sequence=k, step=i - s0)
         e = ImportRefused(file, at, f"the import and {name} differ: action {j} "
-                          f"({spec.action_names[j]}) {got[i, j]!r} vs {want[i, j]!r} (|diff| {err[i, j]:.3g} > "
-                          f"tolerance {tol[i, j]:.3g}); x = {X[i].tolist()}",
+                          f"({spec.action_names[j]}) {float(got[i, j])!r} vs {float(want[i, j])!r} (|diff| "
+                          f"{float(err[i, j]):.3g} > tolerance {float(tol[i, j]):.3g}); x = {X[i].tolist()}",
                           "report this with the file: the importer mis-read the graph")
         e.proof = proof                      # with first_bad: {index, x, got, want}
         raise e

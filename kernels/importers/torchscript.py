@@ -60,8 +60,6 @@ def _kind(m) -> str:
     q = _qualname(m)
     if q.startswith("__torch__.torch.nn.modules.") and m.original_name in LEAVES:
         return "torch.nn:" + m.original_name
-    if q.endswith(".EmpiricalNormalization"):
-        return "normalizer"
     if q.endswith("._FirstSliceDeterministicOutput"):
         return "first_slice"
     return "module"
@@ -261,35 +259,63 @@ def _walk(file, m, path, steps):
         raise ImportRefused(file, _label(path, m), f"forward takes {len(args) - 1} arguments; the importer maps a "
                             "policy of one observation tensor", FIX)
     modules = {args[0].unique(): (m, path)}
+    consts = {}                 # value -> its constant (a float attribute, a buffer, arithmetic on them)
     cur = args[1].unique()
     for node in graph.nodes():
         k = node.kind()
+        ins = list(node.inputs())
+        u = [i.unique() for i in ins]
         if k == "prim::Constant":
+            consts[node.output().unique()] = node.output().toIValue()
             continue
-        if k == "prim::GetAttr" and node.inputsAt(0).unique() in modules:
-            parent, ppath = modules[node.inputsAt(0).unique()]
+        if k == "prim::GetAttr" and u[0] in modules:
+            parent, ppath = modules[u[0]]
             name = node.s("name")
             child = getattr(parent, name)
-            if not hasattr(child, "_c"):
-                raise ImportRefused(file, _label(path, m), f"its forward reads the attribute '{name}' (not a "
-                                    "submodule): only a chain of submodule calls maps", FIX)
-            modules[node.output().unique()] = (child, f"{ppath}.{name}" if ppath else name)
+            if hasattr(child, "_c"):
+                modules[node.output().unique()] = (child, f"{ppath}.{name}" if ppath else name)
+            else:
+                consts[node.output().unique()] = child          # a buffer or a float attribute: a constant
             continue
         if k == "prim::CallMethod" and node.s("name") == "forward":
-            ins = list(node.inputs())
-            if ins[0].unique() not in modules or len(ins) != 2 or ins[1].unique() != cur:
+            if u[0] not in modules or len(ins) != 2 or u[1] != cur:
                 raise ImportRefused(file, _label(path, m), "its forward does not call its submodules as one chain "
                                     "x -> f(x) -> g(f(x))", FIX)
-            child, cpath = modules[ins[0].unique()]
+            child, cpath = modules[u[0]]
             _walk(file, child, cpath, steps)
             cur = node.output().unique()
             continue
-        raise ImportRefused(file, _label(path, m), f"its forward runs {k} (type {_qualname(m)}); only chains of "
-                            "supported modules map", FIX)
+        if cur not in u and all(x in consts for x in u) and k in CONST_ARITH:
+            consts[node.output().unique()] = CONST_ARITH[k](*[consts[x] for x in u])
+            continue
+        where = f"node {k} in {_label(path, m)}"
+        if cur in u and k in ELEMENTWISE:
+            rest = [x for x in u if x != cur]
+            if u[0] != cur or len(u) != ELEMENTWISE[k] or not all(x in consts for x in rest):
+                raise ImportRefused(file, where, f"{k} on the policy's value other than {k}(value, constants)", FIX)
+            steps.append(("op:" + k.split("::")[1], path, (where, [consts[x] for x in rest])))
+            cur = node.output().unique()
+            continue
+        on = "on the policy's value" if cur in u else "on constants the importer does not evaluate"
+        raise ImportRefused(file, where, f"{k} {on} is not supported (type {_qualname(m)}); only chains of "
+                            "supported modules and Linear / activation / (x - mean) / std / clamp map", FIX)
     outs = list(graph.outputs())
     if len(outs) != 1 or outs[0].unique() != cur:
         raise ImportRefused(file, _label(path, m), "its forward does not return the result of its chain of "
                             "submodules (e.g. it returns a tuple)", FIX)
+
+
+def _arith(op):
+    def f(a, b, alpha=1):
+        return op(a, b * alpha if alpha != 1 else b)
+    return f
+
+
+CONST_ARITH = {"aten::add": _arith(lambda a, b: a + b), "aten::sub": _arith(lambda a, b: a - b),
+               "aten::mul": lambda a, b: a * b, "aten::div": lambda a, b: a / b, "aten::neg": lambda a: -a}
+# ops on the policy's value (the observation, then each layer's output) with constant operands, and their arity
+ELEMENTWISE = {"aten::sub": 3, "aten::add": 3, "aten::div": 2, "aten::mul": 2, "aten::clamp": 3, "aten::clamp_min": 2,
+               "aten::clamp_max": 2}
 
 
 def _np(t):
@@ -319,10 +345,10 @@ def fold(file, module):
     i = 0
     while i < len(steps):
         kind, path, m = steps[i]
-        where = _label(path, m)
+        where = m[0] if kind.startswith("op:") else _label(path, m)
         name = kind.split(":", 1)[-1]
-        if kind == "normalizer":
-            _normalizer(file, b, m, where, torch)
+        if kind.startswith("op:"):
+            _elementwise(file, b, name, *m, torch)
         elif kind == "rnn":
             _rnn(b, m, path, where)
         elif name == "Linear":
@@ -348,6 +374,12 @@ def fold(file, module):
     if rec:
         folded.state = {"buffers": {"h": "hidden_state", **({"c": "cell_state"} if rec[2] == "lstm" else {})},
                         "shape": [1, 1, int(rec[1].hidden_size)]}
+        bufs = dict(module.named_buffers(recurse=False))
+        nonzero = [n for n in folded.state["buffers"].values() if bool((bufs[n] != 0).any())]
+        if nonzero:
+            folded.warnings.append(f"the archive was saved with non-zero state buffers {', '.join(nonzero)}; the node "
+                                   "does not use them: it resets the state to zero at start and on every activation "
+                                   "(the proof zeroes them at each sequence start too)")
     return folded, dtype
 
 
@@ -375,16 +407,34 @@ def _alpha(file, name, m, where):
     return 0.0
 
 
-def _normalizer(file, b, m, where, torch):
-    names = {n for n, _ in m.named_buffers(recurse=False)}
-    if not {"_mean", "_std"} <= names or not hasattr(m, "eps"):
-        raise ImportRefused(file, where, f"an EmpiricalNormalization without the _mean / _std buffers and eps "
-                            f"(it has {sorted(names)})", "export with rsl_rl's EmpiricalNormalization")
-    with torch.no_grad():
-        d = m._std + m.eps                      # exactly the divisor forward() uses, in the buffers' dtype
-    b.sub_mean(_np(m._mean), where)
-    b.div_scale(_np(d), where)
-    b.norm_ops[-2:] = [f"{where}: (x - _mean) / (_std + eps), eps {float(m.eps):g}"]
+def _const_np(c, torch):
+    if c is None:
+        return None
+    if isinstance(c, torch.Tensor):
+        return _np(c)
+    if isinstance(c, (int, float)) and not isinstance(c, bool):
+        return np.float64(c)
+    raise TypeError(type(c).__name__)
+
+
+def _elementwise(file, b, op, where, cs, torch):
+    """sub / add / div / mul / clamp* of the policy's value by constants -> the builder's normaliser, bias, clip."""
+    try:
+        cs = [_const_np(c, torch) for c in cs]
+    except TypeError as e:
+        raise ImportRefused(file, where, f"aten::{op} with a {e} operand", FIX) from None
+    if op in ("sub", "add"):
+        if cs[1] is None or cs[1] != 1:
+            raise ImportRefused(file, where, f"aten::{op} with alpha {cs[1]}", FIX)
+        b.bias(-cs[0] if op == "sub" else cs[0], where)
+    elif op == "div":
+        b.div_scale(cs[0], where)
+    elif op == "mul":
+        b.mul_scale(cs[0], where) if b.stage == "input" else b.refuse(
+            where, "aten::mul of a layer's output is not supported", FIX)
+    else:
+        lo, hi = {"clamp": (cs + [None])[:2], "clamp_min": [cs[0], None], "clamp_max": [None, cs[0]]}[op]
+        b.clip(lo, hi, where)
 
 
 def source(path):
