@@ -651,6 +651,60 @@ def test_torchscript_normaliser_and_actor(tmp_path, torch):
     assert np.allclose(spec.scale, np.linspace(0.2, 2, 4) + 1e-2, atol=1e-6)
 
 
+def test_torchscript_clamping_normaliser_and_action_clamp_agree_with_torch_at_50_std(tmp_path, torch):
+    """A normaliser is read from its forward graph, never trusted by its class name: a subclass of rsl_rl's
+    EmpiricalNormalization that clamps the normalised observation imports as the model file's norm_clip,
+    and clamp(actor(obs), -clip_actions, clip_actions) as the head's clip; the compiled kernel then agrees
+    with torch at observations of +-50 std, where both clamps act."""
+    from control_node.kernels import Policy
+    nn = torch.nn
+    torch.manual_seed(0)
+
+    class EmpiricalNormalization(nn.Module):
+        def __init__(self, n):
+            super().__init__()
+            self.eps = 1e-2
+            self.register_buffer("_mean", torch.linspace(-1, 1, n)[None])
+            self.register_buffer("_std", torch.linspace(0.2, 2, n)[None])
+
+        def forward(self, x):
+            return torch.clamp((x - self._mean) / (self._std + self.eps), -5.0, 5.0)
+
+    class Exporter(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.clip_actions = 0.8
+            self.normalizer = EmpiricalNormalization(4)
+            self.actor = nn.Sequential(nn.Linear(4, 16), nn.ELU(), nn.Linear(16, 2))
+
+        def forward(self, x):
+            return torch.clamp(self.actor(self.normalizer(x)), -self.clip_actions, self.clip_actions)
+
+    module = Exporter().eval()
+    spec, _ = imp(_script(torch, module, tmp_path / "clamping.pt"))
+    assert np.allclose(spec.norm_clip_low, -5.0) and np.allclose(spec.norm_clip_high, 5.0)
+    mean, std = np.linspace(-1, 1, 4), np.linspace(0.2, 2, 4)
+    X = np.array([mean + k * std * e for k in (-50, -8, 8, 50) for e in np.eye(4)] +
+                 [mean + k * std for k in (-50, 50)] + [mean])
+    with torch.no_grad():
+        want = module(torch.from_numpy(X).float()).double().numpy()
+    assert np.abs(want).max() > 0.1 and len({tuple(np.round(w, 4)) for w in want}) > 4    # the rows differ
+    pol = Policy(spec)
+    got = np.array([pol.act(x) for x in X])
+    assert np.abs(got - want).max() < 1e-4, np.abs(got - want).max()
+    # without the observation clamp torch answers differently at 50 std: the clamp was read, not guessed
+    module.normalizer.forward = lambda x: (x - module.normalizer._mean) / (module.normalizer._std + 1e-2)
+    with torch.no_grad():
+        unclamped = module(torch.from_numpy(X).float()).double().numpy()
+    assert np.abs(unclamped - want).max() > 1e-2
+
+
+def test_torchscript_dropout_is_refused(tmp_path, torch):
+    nn = torch.nn
+    refused(_script(torch, nn.Sequential(nn.Linear(4, 8), nn.Dropout(0.1), nn.Linear(8, 2)).eval(),
+                    tmp_path / "dropout.pt"), "Dropout")
+
+
 def test_torchscript_heteroscedastic_first_slice(tmp_path, torch):
     nn = torch.nn
 
