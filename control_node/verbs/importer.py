@@ -13,8 +13,9 @@ Recognised (docs/policies.md has the full list and every refusal):
   Split/Slice of the mean half (Brax), Clip (action bounds); extra outputs (value, log_prob) are dropped.
   metadata_props: joint_names -> action names; default_joint_pos / action_scale -> offset / scale only
   with action_type=relative.
-  TorchScript: nn.Sequential / rsl_rl MLP of Linear and activation modules, with rsl_rl's
-  EmpiricalNormalization (IsaacLab policy.pt, rsl-rl-lib policy.pt, legged_gym policy_1.pt).
+  TorchScript: nn.Sequential / rsl_rl MLP of Linear and activation modules; every other module's
+  forward is read (normalisers by what they compute, clamps as clips, never by class name)
+  (IsaacLab policy.pt, rsl-rl-lib policy.pt, legged_gym policy_1.pt).
 Anything else (other operators, recurrent LSTM/GRU policies, NaN weights, ...) is refused whole with a
 message naming the node or field; nothing is written.
 

@@ -9,8 +9,9 @@ must be a straight chain of submodule calls (``nn.Sequential``, rsl_rl's ``MLP``
 * ``Linear`` -> a dense layer (W stored [out, in], transposed to [in, out]);
 * ``ELU(alpha)``, ``ReLU``, ``SELU``, ``LeakyReLU(negative_slope)``, ``CELU(alpha)``, ``Tanh``,
   ``Sigmoid``, ``Softplus`` (beta=1, threshold=20 only), ``SiLU``, ``Identity``;
-* rsl_rl's ``EmpiricalNormalization`` (buffers ``_mean``, ``_std``, attribute ``eps``; forward
-  ``(x - _mean) / (_std + eps)``, eps 1e-2) -> mean, scale = std + eps;
+* any other module (rsl_rl's ``EmpiricalNormalization`` included; no class name is trusted): its forward
+  read node by node, sub / add / div / mul by constants -> mean, scale, bias; clamp* on the observation ->
+  norm_clip, on the action -> the head's clip; anything else refused naming the operator;
 * ``Unflatten(-1, (2, A))`` followed by rsl-rl-lib's ``_FirstSliceDeterministicOutput`` -> the mean half.
 
 Recurrent policies are recognised in the exporters' form: a top-level module with one ``nn.LSTM`` / ``nn.GRU``
@@ -56,7 +57,8 @@ def _qualname(m) -> str:
 
 
 def _kind(m) -> str:
-    """'torch.nn:<Name>' for a torch.nn leaf, 'normalizer' for EmpiricalNormalization, else 'module'."""
+    """'torch.nn:<Name>' for a torch.nn leaf, 'first_slice' for rsl-rl-lib's mean extractor, else 'module'
+    (whose forward graph is read)."""
     q = _qualname(m)
     if q.startswith("__torch__.torch.nn.modules.") and m.original_name in LEAVES:
         return "torch.nn:" + m.original_name
