@@ -147,7 +147,7 @@ def load_config(path=None, overrides: dict | None = None) -> dict:
     raw = read_toml(path)
     for sec, table in raw.items():
         if sec not in SCHEMA:
-            if sec in ("sim", "launch", "record", "replay", "children"):
+            if sec in ("sim", "launch", "record", "replay", "children", "ros2"):
                 continue   # read by other verbs
             raise ConfigError(path, sec, "unknown section", f"use one of {sorted(SCHEMA)}")
         if not isinstance(table, dict):

@@ -191,6 +191,13 @@ def summary_lines(run_dir, driver):
             lines.append(f"{driver}: {sim['control']['line']}")          # the closed loop's score
     else:
         lines.append(f"{driver}: no summary.json")
+    br = _load_json(os.path.join(run_dir, "bridge", "summary.json"))
+    if br:
+        wh = ", ".join(f"{k} {v}" for k, v in (br.get("frames_withheld") or {}).items()) or "none"
+        p99 = (br.get("callback_latency_ns") or {}).get("p99")
+        p99 = "n/a" if p99 is None else f"{p99 / 1e3:.0f} us"
+        lines.append(f"bridge: frames sent {br.get('frames_sent')}, withheld {wh}, actions published "
+                     f"{br.get('actions_published')}, callback p99 {p99}, CPU {100 * br.get('cpu_share', 0):.0f} %")
     return lines
 
 
@@ -256,6 +263,16 @@ def launch(config=None, duration=None, record=None, run_dir=None, ensure_model=N
                        *map(str, rec_cfg.get("args", []))]
         children.append(Child("record", rc_cmd, bool(rec_cfg.get("restart", False)),
                               ready_prefix="recording to ", env=env))
+    bridge = lc.get("bridge")
+    if bridge is not None:
+        if bridge != "ros2":
+            raise UserError(f"{config}: [launch] bridge = {bridge!r}: the bridge that exists is \"ros2\" "
+                            "(or drop the key)")
+        br_cfg = ch.get("bridge", {}) or {}
+        br_cmd = py + ["bridge", "ros2", "--config", config, "--run-dir", os.path.join(run_dir, "bridge"),
+                       *map(str, br_cfg.get("args", []))]
+        children.append(Child("bridge", br_cmd, bool(br_cfg.get("restart", False)), ready_prefix="ready bridge",
+                              env=env))
     driver = "replay" if use_replay else "sim"
     if use_replay:
         if not rep_cfg.get("file"):

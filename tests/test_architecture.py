@@ -8,7 +8,8 @@ Tiers, bottom up (a module may import its own tier and those below):
   endpoints
   loop                  the hot path: loop itself, rundir, errors, kernels
   node level            config, security, sockets, node, report, recording, monitor, launch
-  sim, train, bench     tools: never imported by the node level (train may use sim's dynamics)
+  sim, train, bench,    tools: never imported by the node level (train may use sim's dynamics);
+  bridge                rclpy (ROS 2) is imported only by the bridge and the ROS 2 simulator
   cli, verbs            the composition root: the only code that imports sim, train and bench
 """
 from __future__ import annotations
@@ -20,7 +21,7 @@ import tomllib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-TOOLS = ("control_node.sim", "control_node.train", "control_node.bench")
+TOOLS = ("control_node.sim", "control_node.train", "control_node.bench", "control_node.bridge")
 ROOT_TIER = ("control_node.cli", "control_node.__main__", "control_node.verbs")
 LEAVES = ("control_node.errors", "control_node.rundir", "control_node.endpoints")
 HOT = "control_node.loop"
@@ -216,3 +217,41 @@ def test_every_package_folder_is_in_the_wheel():
             full = os.path.join(d, sub)
             if os.path.isfile(os.path.join(full, "__init__.py")):
                 assert os.path.realpath(full) in listed, f"{full} is a package but not in pyproject.toml"
+
+
+ROS_PACKAGES = ("rclpy", "sensor_msgs", "std_msgs", "geometry_msgs", "trajectory_msgs", "builtin_interfaces")
+ROS_TIER = ("control_node.bridge", "control_node.sim.pendulum_ros2")
+
+
+def ros_importers(sources: dict) -> set:
+    """Modules with any import statement (top-level or inside a function) of rclpy or a ROS message package."""
+    found = set()
+    for mod, (path, text) in sources.items():
+        if path.endswith(".pyx"):
+            continue
+        for node in ast.walk(ast.parse(text, path)):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            if any(n.split(".")[0] in ROS_PACKAGES for n in names):
+                found.add(mod)
+    # importlib.import_module(f"{pkg}.msg") reads a ROS message package dynamically
+    found.update(m for m, (_, t) in sources.items() if 'import_module(f"{pkg}.msg")' in t)
+    return found
+
+
+def test_only_the_bridge_and_the_ros2_simulator_import_rclpy():
+    importers = ros_importers(read_sources())
+    assert "control_node.bridge.ros2" in importers          # the check sees the real importer
+    outside = sorted(m for m in importers if not _under(m, ROS_TIER))
+    assert outside == [], f"modules outside the bridge import ROS 2: {outside} (the node never imports rclpy)"
+    graph = import_graph(read_sources())
+    # nothing at the node level or below reaches the bridge, directly or through another module
+    node_level = [m for m in graph if not _under(m, (*TOOLS, *ROOT_TIER))]
+    for m in node_level:
+        assert not any(_under(d, "control_node.bridge") for d in graph[m]), m
+
+
+def test_a_node_module_importing_rclpy_fails_the_check():
+    src = read_sources()
+    src["control_node.node"] = (src["control_node.node"][0], src["control_node.node"][1] + "\nimport rclpy\n")
+    assert "control_node.node" in ros_importers(src)

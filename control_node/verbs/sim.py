@@ -45,6 +45,11 @@ def register(sub):
     pe.add_argument("--push-every", type=float, default=0.0, metavar="S",
                     help="push the pendulum every S seconds (default: never)")
     pe.add_argument("--push", type=float, default=2.0, help="push size: added theta_dot in rad/s (default: %(default)s)")
+    pe.add_argument("--ros2", action="store_true",
+                    help="be a ROS 2 robot instead of a ZeroMQ client: publish sensor_msgs/msg/JointState on "
+                         "/joint_states (joint 'theta': position, velocity, effort) and take effort commands as "
+                         "std_msgs/msg/Float64MultiArray on /pendulum_controller/commands (run `control-node bridge "
+                         "ros2` beside the node; configs/pendulum_ros2.toml). Needs rclpy (control-node[ros2])")
     c = p.add_argument_group("continuous policies")
     c.add_argument("--model", metavar="PATH",
                    help="the node's model file: the gauss stream takes its width, and for a continuous policy "
@@ -221,13 +226,19 @@ def _pendulum(args, eps, curve):
             raise UserError(f"--model {args.model} is not a pendulum policy (takes {spec.layer_sizes[0]} "
                             f"observations, {spec.head} head); the pendulum sends 3 and needs a torque")
     rate = args.rate
-    client = PendulumClient(eps, curve=curve, rate_hz=rate, physics_hz=args.physics_hz, delay_us=args.delay_us,
-                            drop=args.drop, noise=args.noise, push_every_s=args.push_every, push=args.push,
-                            seed=args.seed, handshake_timeout=args.timeout)
+    opts = dict(rate_hz=rate, physics_hz=args.physics_hz, delay_us=args.delay_us, drop=args.drop, noise=args.noise,
+                push_every_s=args.push_every, push=args.push, seed=args.seed, handshake_timeout=args.timeout)
+    if args.ros2:
+        from control_node.sim.pendulum_ros2 import PendulumRos2
+        client = PendulumRos2(**opts)
+        where = f"ROS 2 {client.state_topic} -> {client.command_topic}"
+    else:
+        client = PendulumClient(eps, curve=curve, **opts)
+        where = f"sensor={eps['sensor']} action={eps['action']}"
     duration = 10.0 if args.duration is None else args.duration
     run_dir = args.run_dir or engine.new_run_dir("sim")
     print(f"sim: pendulum, {duration:g} s, physics {args.physics_hz:g} Hz, observations {rate:g} Hz, "
-          f"added delay {args.delay_us:g} us; sensor={eps['sensor']} action={eps['action']}", flush=True)
+          f"added delay {args.delay_us:g} us; {where}", flush=True)
     try:
         with engine.Stopper() as stopper:
             try:
@@ -237,7 +248,7 @@ def _pendulum(args, eps, curve):
                 return 130
     finally:
         client.close()
-    settings = {"kind": "pendulum", "rate_hz": rate, "physics_hz": args.physics_hz, "delay_us": args.delay_us,
+    settings = {"kind": "pendulum", "transport": "ros2" if args.ros2 else "zmq", "rate_hz": rate, "physics_hz": args.physics_hz, "delay_us": args.delay_us,
                 "drop": args.drop, "noise": args.noise, "theta0": args.theta0, "push_every_s": args.push_every,
                 "push": args.push, "seed": args.seed, "duration_s": duration}
     summary = summarize(res, settings)

@@ -1,0 +1,273 @@
+"""``control-node bridge ros2``: a ROS 2 node between the graph and the control node's own protocol.
+
+ROS 2 -> node: one subscription per topic of the ``[ros2]`` recipe; a message on the trigger topic makes
+a frame (``recipe.FrameAssembler``) sent to the node's sensor endpoint (ZeroMQ PUB, protocol v1 frames).
+Node -> ROS 2: a thread reads the node's actions (ZeroMQ SUB) and publishes each new one once: a new
+``seq``, or a change between safe and policy action (the node repeats its last action every cycle in
+timer mode; a ros2_control command controller holds its last command, so repeats carry nothing).
+
+The node never imports this module (nor rclpy): the hot path is untouched. rclpy comes from wherever it is
+installed (``control-node[ros2]`` wheels, or a sourced ROS 2 install with any ``RMW_IMPLEMENTATION``).
+"""
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import numpy as np
+
+from control_node.bridge.recipe import INSTALL, FrameAssembler, Recipe
+from control_node.errors import UserError
+
+MSG_MODULES = {"sensor_msgs", "std_msgs", "geometry_msgs", "trajectory_msgs", "builtin_interfaces"}
+LATENCY_RING = 1 << 20          # callback latencies kept for the summary's percentiles (8 MiB)
+
+
+def import_rclpy():
+    """rclpy, or a :class:`UserError` (exit 2) with the install command."""
+    try:
+        import rclpy
+        import rclpy.qos  # noqa: F401
+    except ImportError as e:
+        raise UserError(f"bridge ros2 needs rclpy, which cannot be imported ({e}). Install: {INSTALL}") from None
+    return rclpy
+
+
+def message_class(type_name: str):
+    """``sensor_msgs/msg/JointState`` -> the rclpy message class."""
+    import importlib
+    pkg, _, name = type_name.split("/")
+    try:
+        return getattr(importlib.import_module(f"{pkg}.msg"), name)
+    except (ImportError, AttributeError) as e:
+        raise UserError(f"the ROS 2 message type {type_name} cannot be imported ({e}). Install: {INSTALL}") from None
+
+
+def qos_profile(name: str):
+    from rclpy.qos import QoSProfile, qos_profile_sensor_data
+    from rclpy.qos import ReliabilityPolicy, HistoryPolicy, DurabilityPolicy
+    if name == "sensor_data":
+        return qos_profile_sensor_data
+    return QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE, history=HistoryPolicy.KEEP_LAST,
+                      durability=DurabilityPolicy.VOLATILE)
+
+
+class ActionWriter:
+    """Builds the ROS 2 message for an action vector ``u`` (one definition for live and bag output)."""
+
+    def __init__(self, spec, classes: dict):
+        self.spec = spec
+        self.cls = classes[spec.type]
+        self.point_cls = classes.get("trajectory_msgs/msg/JointTrajectoryPoint")
+        self.duration_cls = classes.get("builtin_interfaces/msg/Duration")
+
+    def build(self, u, stamp=None):
+        s = self.spec
+        m = self.cls()
+        vals = [float(v) for v in u]
+        if s.type == "std_msgs/msg/Float64MultiArray":
+            m.data = vals
+        elif s.type == "sensor_msgs/msg/JointState":
+            if stamp is not None:
+                m.header.stamp = stamp
+            m.name = list(s.names)
+            setattr(m, s.field, vals)
+        else:
+            if stamp is not None:
+                m.header.stamp = stamp
+            m.joint_names = list(s.names)
+            p = self.point_cls()
+            setattr(p, s.field, vals)
+            ns = int(round(s.time_from_start_s * 1e9))
+            p.time_from_start = self.duration_cls(sec=ns // 1_000_000_000, nanosec=ns % 1_000_000_000)
+            m.points = [p]
+        return m
+
+
+class Bridge:
+    """The bridge process: rclpy node + ZeroMQ PUB (frames) + SUB (actions)."""
+
+    def __init__(self, recipe: Recipe, endpoints: dict, curve=None, seq_base=None):
+        import zmq
+
+        from control_node.security import configure_client
+        self.rclpy = import_rclpy()
+        self.recipe = recipe
+        self.asm = FrameAssembler(recipe)
+        self.zmq = zmq
+        ctx = zmq.Context.instance()
+        self.pub = ctx.socket(zmq.PUB)
+        self.pub.setsockopt(zmq.LINGER, 0)
+        self.pub.setsockopt(zmq.SNDHWM, 1000)
+        configure_client(self.pub, curve)
+        self.pub.connect(endpoints["sensor"])
+        self.sub = ctx.socket(zmq.SUB)
+        self.sub.setsockopt(zmq.LINGER, 0)
+        self.sub.setsockopt(zmq.SUBSCRIBE, b"")
+        configure_client(self.sub, curve)
+        self.sub.connect(endpoints["action"])
+        self.endpoints = endpoints
+        # frames' seq continue across a bridge restart: the node refuses a seq that goes backwards, and
+        # CLOCK_MONOTONIC in us at start grows faster than any frame rate below 1 MHz
+        self.seq = int(seq_base if seq_base is not None else time.monotonic_ns() // 1000)
+        self.seq_first = self.seq
+        self.lat = np.zeros(LATENCY_RING, dtype=np.int64)
+        self.n_lat = 0
+        self.actions_received = self.actions_published = self.safe_published = 0
+        self.actions_undecodable = self.node_restarts = 0
+        self.argmax_actions = 0
+        self.last_key = None
+        self.last_cycle = -1
+        self.first_action_ns = self.first_frame_ns = None
+        self.stop = threading.Event()
+        self.node = None
+        self.action_pub = None
+
+    # -- ROS 2 -> node --------------------------------------------------------------------------------
+    def _callback(self, topic):
+        import msgpack
+        asm, pub, packb, mono = self.asm, self.pub, msgpack.packb, time.monotonic_ns
+
+        def cb(msg):
+            now = mono()
+            x = asm.on_message(topic, msg, now)
+            if x is None:
+                return
+            self.seq += 1
+            try:
+                pub.send(packb({"seq": self.seq, "t_ns": now, "x": x.tolist()}), self.zmq.NOBLOCK)
+            except self.zmq.Again:
+                pass                       # no node connected yet: PUB drops, as for every client
+            if self.first_frame_ns is None:
+                self.first_frame_ns = now
+            self.lat[self.n_lat & (LATENCY_RING - 1)] = mono() - now
+            self.n_lat += 1
+        return cb
+
+    # -- node -> ROS 2 --------------------------------------------------------------------------------
+    def _actions(self):
+        import msgpack
+        zmq = self.zmq
+        poller = zmq.Poller()
+        poller.register(self.sub, zmq.POLLIN)
+        while not self.stop.is_set():
+            if not poller.poll(50):
+                continue
+            while True:
+                try:
+                    raw = self.sub.recv(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                self.actions_received += 1
+                try:
+                    a = msgpack.unpackb(raw)
+                    seq, safe, cycle = int(a["seq"]), bool(a["safe"]), int(a["cycle"])
+                    u = a.get("u")
+                except Exception:       # noqa: BLE001 - counted; the node's protocol is fixed, this is a guard
+                    self.actions_undecodable += 1
+                    continue
+                if u is None:
+                    self.argmax_actions += 1
+                    continue
+                if cycle < self.last_cycle:
+                    self.node_restarts += 1     # a new node process counts its cycles from 0 again
+                    self.last_key = None
+                self.last_cycle = cycle
+                key = (seq, safe)
+                if key == self.last_key:
+                    continue
+                self.last_key = key
+                if self.action_pub is not None:
+                    stamp = self.node.get_clock().now().to_msg()
+                    self.action_pub.publish(self.writer.build(u, stamp))
+                    self.actions_published += 1
+                    self.safe_published += safe
+                    if self.first_action_ns is None:
+                        self.first_action_ns = time.monotonic_ns()
+
+    def run(self, duration_s=None, status_every_s=0.0, ready=print):
+        rclpy = self.rclpy
+        from rclpy.executors import SingleThreadedExecutor
+        os.environ.setdefault("ROS_DOMAIN_ID", str(self.recipe.domain_id))
+        ctx_args = {"domain_id": self.recipe.domain_id}
+        rclpy.init(**ctx_args)
+        th = None
+        try:
+            self.node = rclpy.create_node(self.recipe.node_name)
+            for topic, (typ, qos) in self.recipe.topics.items():
+                self.node.create_subscription(message_class(typ), topic, self._callback(topic), qos_profile(qos))
+            if self.recipe.action is not None:
+                a = self.recipe.action
+                classes = {a.type: message_class(a.type)}
+                if a.type == "trajectory_msgs/msg/JointTrajectory":
+                    classes["trajectory_msgs/msg/JointTrajectoryPoint"] = message_class(
+                        "trajectory_msgs/msg/JointTrajectoryPoint")
+                    classes["builtin_interfaces/msg/Duration"] = message_class("builtin_interfaces/msg/Duration")
+                self.writer = ActionWriter(a, classes)
+                self.action_pub = self.node.create_publisher(classes[a.type], a.topic, qos_profile(a.qos))
+            th = threading.Thread(target=self._actions, name="actions", daemon=True)
+            th.start()
+            ex = SingleThreadedExecutor()
+            ex.add_node(self.node)
+            self.t_start_ns = time.monotonic_ns()
+            self.cpu_start = time.process_time()
+            ready(f"ready bridge ros2 domain={self.recipe.domain_id} node={self.recipe.node_name} "
+                  f"sensor={self.endpoints['sensor']} action={self.endpoints['action']}: {self.recipe.describe()}")
+            t_end = None if duration_s is None else time.monotonic() + duration_s
+            next_status = time.monotonic() + status_every_s if status_every_s > 0 else None
+            while not self.stop.is_set() and rclpy.ok():
+                ex.spin_once(timeout_sec=0.05)
+                now = time.monotonic()
+                if t_end is not None and now >= t_end:
+                    break
+                if next_status is not None and now >= next_status:
+                    next_status = now + status_every_s
+                    ready(self.status_line())
+        except KeyboardInterrupt:
+            pass
+        finally:
+            self.stop.set()
+            if th is not None:
+                th.join(2.0)            # no publish after the node is gone
+            self.t_end_ns = time.monotonic_ns()
+            self.cpu_end = time.process_time()
+            try:
+                if self.node is not None:
+                    self.node.destroy_node()
+                if rclpy.ok():
+                    rclpy.shutdown()
+            except Exception:       # noqa: BLE001 - shutting down after a signal: nothing left to save
+                pass
+            self.pub.close()
+            self.sub.close()
+
+    def status_line(self) -> str:
+        c = self.asm.counters()
+        wh = ", ".join(f"{k} {v}" for k, v in c["frames_withheld"].items()) or "none"
+        return (f"bridge: frames sent {c['frames_sent']}, withheld {wh}; actions published {self.actions_published} "
+                f"(safe {self.safe_published})")
+
+    def summary(self) -> dict:
+        from control_node import rundir
+        n = min(self.n_lat, LATENCY_RING)
+        lat = self.lat[:n]
+        wall = max(1, getattr(self, "t_end_ns", time.monotonic_ns()) - getattr(self, "t_start_ns", 0))
+        cpu = getattr(self, "cpu_end", time.process_time()) - getattr(self, "cpu_start", 0.0)
+        pct = {}
+        if n:
+            q = np.percentile(lat, [50, 99, 99.9])
+            pct = {"p50": int(q[0]), "p99": int(q[1]), "p999": int(q[2]), "max": int(lat.max()), "count": int(n)}
+        return {"role": "bridge", "kind": "ros2", "format": rundir.SUMMARY_FORMAT, **self.asm.counters(),
+                "seq_first": self.seq_first + 1, "actions_received": self.actions_received,
+                "actions_published": self.actions_published, "safe_actions_published": self.safe_published,
+                "actions_undecodable": self.actions_undecodable, "argmax_actions_ignored": self.argmax_actions,
+                "node_restarts": self.node_restarts, "callback_latency_ns": pct,
+                "cpu_share": cpu / (wall / 1e9), "duration_s": wall / 1e9,
+                "recipe": {"trigger": self.recipe.trigger, "max_age_ms": self.recipe.max_age_ns / 1e6,
+                           "width": self.recipe.width, "domain_id": self.recipe.domain_id,
+                           "terms": [{"topic": t.topic, "type": t.type, "field": t.field, "joints": t.joints}
+                                     for t in self.recipe.terms],
+                           "action": None if self.recipe.action is None else
+                           {"topic": self.recipe.action.topic, "type": self.recipe.action.type}},
+                "last_refusal": self.asm.last_refusal, "cpus": sorted(os.sched_getaffinity(0))}

@@ -1,0 +1,175 @@
+"""`control-node sim pendulum --ros2`: the pendulum as a ROS 2 robot, as ros2_control would present it.
+
+It publishes ``sensor_msgs/msg/JointState`` on ``/joint_states`` (one joint, ``theta``: position, velocity,
+effort = the torque applied) at the observation rate and takes effort commands as
+``std_msgs/msg/Float64MultiArray`` on ``/pendulum_controller/commands`` (a JointGroupEffortController's
+topic), each held until the next arrives. The physics is the ZeroMQ simulator's (``pendulum_client._rk4``,
+same schedule, same score), so a run through ROS 2 scores on the same scale as a direct one.
+
+ROS 2 commands carry no frame number: a state's round trip is the time to the first command that arrived
+after it (before the next state); a state with none is not counted as answered.
+"""
+from __future__ import annotations
+
+import math
+import threading
+import time
+
+import numpy as np
+
+from control_node.errors import UserError
+from control_node.sim import pendulum as P
+from control_node.sim.pendulum_client import _rk4
+
+JOINT = "theta"
+STATE_TOPIC = "/joint_states"
+COMMAND_TOPIC = "/pendulum_controller/commands"
+
+
+class PendulumRos2:
+    def __init__(self, rate_hz=1000.0, physics_hz=1000.0, delay_us=0.0, drop=0.0, noise=0.0, push_every_s=0.0,
+                 push=0.0, seed=0, handshake_timeout=10.0, joint=JOINT, state_topic=STATE_TOPIC,
+                 command_topic=COMMAND_TOPIC):
+        try:
+            import rclpy
+            from rclpy.qos import qos_profile_sensor_data, QoSProfile, ReliabilityPolicy
+            from sensor_msgs.msg import JointState
+            from std_msgs.msg import Float64MultiArray
+        except ImportError as e:
+            from control_node.bridge.recipe import INSTALL
+            raise UserError(f"sim pendulum --ros2 needs rclpy ({e}). Install: {INSTALL}") from None
+        if physics_hz % rate_hz and abs(physics_hz / rate_hz - round(physics_hz / rate_hz)) > 1e-9:
+            raise UserError(f"--rate {rate_hz:g} must divide the physics rate {physics_hz:g} Hz")
+        self.rclpy, self.JointState = rclpy, JointState
+        rclpy.init()
+        self.node = rclpy.create_node("pendulum_sim")
+        self.pub = self.node.create_publisher(JointState, state_topic, qos_profile_sensor_data)
+        self.cmd_lock = threading.Lock()
+        self.cmds = []                                   # (arrival ns, torque) since the last physics step
+        self.n_cmd = self.bad_cmd = 0
+        self.node.create_subscription(Float64MultiArray, command_topic, self._on_command,
+                                      QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE))
+        self.joint, self.state_topic, self.command_topic = joint, state_topic, command_topic
+        self.rate_hz, self.physics_hz = float(rate_hz), float(physics_hz)
+        self.delay_ns = int(delay_us * 1000)
+        self.drop, self.noise = float(drop), float(noise)
+        self.push_every_s, self.push = float(push_every_s), float(push)
+        self.rng = np.random.default_rng(seed)
+        self.handshake_timeout = handshake_timeout
+        from rclpy.executors import SingleThreadedExecutor
+        self.executor = SingleThreadedExecutor()
+        self.executor.add_node(self.node)
+        self.stop_spin = threading.Event()
+        self.spinner = threading.Thread(target=self._spin, name="ros2-spin", daemon=True)
+        self.spinner.start()
+
+    def _spin(self):
+        while not self.stop_spin.is_set() and self.rclpy.ok():
+            self.executor.spin_once(timeout_sec=0.05)
+
+    def _on_command(self, msg):
+        now = time.monotonic_ns()
+        data = msg.data
+        if len(data) != 1 or not math.isfinite(data[0]):
+            self.bad_cmd += 1                   # a command for another joint count, or garbage: not applied
+            return
+        with self.cmd_lock:
+            self.cmds.append((now, float(data[0])))
+            self.n_cmd += 1
+
+    def close(self):
+        self.stop_spin.set()
+        self.spinner.join(2.0)
+        try:
+            self.node.destroy_node()
+            if self.rclpy.ok():
+                self.rclpy.shutdown()
+        except Exception:       # noqa: BLE001 - shutting down
+            pass
+
+    def _state(self, theta, omega, u):
+        m = self.JointState()
+        m.header.stamp = self.node.get_clock().now().to_msg()
+        m.name = [self.joint]
+        m.position, m.velocity, m.effort = [theta], [omega], [u]
+        return m
+
+    def _take_commands(self):
+        with self.cmd_lock:
+            out, self.cmds = self.cmds, []
+        return out
+
+    def _handshake(self, theta, stopper):
+        deadline = time.monotonic() + self.handshake_timeout
+        while time.monotonic() < deadline:
+            if stopper is not None and stopper.stop:
+                raise KeyboardInterrupt
+            self.pub.publish(self._state(theta, 0.0, 0.0))
+            time.sleep(0.01)
+            if self._take_commands():
+                return
+        raise UserError(f"no command on {self.command_topic} within {self.handshake_timeout:g} s after publishing "
+                        f"{self.state_topic}: is the bridge running (control-node bridge ros2) with the node?")
+
+    def run(self, duration_s=10.0, theta0=math.pi, omega0=0.0, stopper=None):
+        dt = 1.0 / self.physics_hz
+        every = int(round(self.physics_hz / self.rate_hz))
+        n = int(round(duration_s * self.physics_hz))
+        theta, omega = float(P.wrap(theta0)), float(omega0)
+        self._handshake(theta, stopper)
+        time.sleep(0.05)
+        self._take_commands()
+        n_frames = (n + every - 1) // every
+        t_send = np.full(n_frames, -1, dtype=np.int64)
+        rtt = np.full(n_frames, -1, dtype=np.int64)     # first command after each state, to that state
+        t_first = np.full(n_frames, -1, dtype=np.int64)
+        tr_t, tr_theta, tr_u = np.empty(n), np.empty(n), np.empty(n)
+        pending = []
+        u_cmd = 0.0
+        dropped = actions = 0
+        last_f = -1
+        push_steps = int(round(self.push_every_s * self.physics_hz)) if self.push_every_s > 0 else 0
+        t0 = time.monotonic_ns() + 2_000_000
+        for k in range(n):
+            due = t0 + int(k * dt * 1e9)
+            while True:
+                left = due - time.monotonic_ns()
+                if left <= 0:
+                    break
+                if left > 150_000:
+                    time.sleep((left - 100_000) / 1e9)
+            for t_arr, u in self._take_commands():
+                actions += 1
+                if last_f >= 0 and rtt[last_f] < 0 and t_arr >= t_send[last_f]:
+                    rtt[last_f], t_first[last_f] = t_arr - t_send[last_f], t_arr
+                pending.append((t_arr + self.delay_ns, u))
+            now = time.monotonic_ns()
+            while pending and pending[0][0] <= now:
+                _, u_cmd = pending.pop(0)
+            u_applied = max(-P.MAX_TORQUE, min(P.MAX_TORQUE, u_cmd))
+            if k % every == 0:
+                f = k // every
+                th, om = theta, omega
+                if self.noise:
+                    th, om = (v + float(e) for v, e in zip((th, om), self.rng.normal(0, self.noise, 2)))
+                if self.drop and self.rng.random() < self.drop:
+                    dropped += 1
+                else:
+                    t_send[f] = time.monotonic_ns()
+                    last_f = f
+                    self.pub.publish(self._state(th, om, u_applied))
+            if push_steps and k and k % push_steps == 0:
+                omega = max(-P.MAX_SPEED, min(P.MAX_SPEED, omega + self.push))
+            tr_t[k], tr_theta[k], tr_u[k] = k * dt, theta, u_applied
+            theta, omega = _rk4(theta, omega, u_cmd, dt)
+            if stopper is not None and stopper.stop:
+                n = k + 1
+                break
+        sent = t_send >= 0
+        return {"t_s": tr_t[:n], "theta": tr_theta[:n], "u": tr_u[:n], "safe": np.zeros(n, dtype=bool),
+                "seq": np.arange(n_frames, dtype=np.int64), "t_send_ns": t_send,
+                "t_action_ns": t_first, "rtt_ns": rtt,
+                "u_answer": np.full(n_frames, np.nan), "safe_answer": np.zeros(n_frames, dtype=bool),
+                "frames_sent": int(sent.sum()), "frames_answered": int((rtt >= 0).sum()), "dropped": dropped,
+                "frames_held": 0, "frames_lost": 0, "actions_received": actions, "safe_actions": 0,
+                "seq_base": 0, "t0_ns": t0, "bad_commands": self.bad_cmd}
