@@ -1,4 +1,4 @@
-"""control-node export: convert a msgpack MCAP recording to a JSON-encoded MCAP (Foxglove) or CSV."""
+"""control-node export: convert a msgpack MCAP recording to a JSON-encoded MCAP (Foxglove), CSV or a rosbag2."""
 
 
 def register(sub):
@@ -10,8 +10,13 @@ def register(sub):
                                    "(CSV), named after the action names the recorded diagnostics announce, else "
                                    "u0, u1, ...; the JSON MCAP keeps `u` and adds `u_by_name`.")
     p.add_argument("file", help="MCAP recording from `control-node record`")
-    p.add_argument("--to", choices=["json-mcap", "csv"], default="json-mcap", help="output format (default: %(default)s)")
-    p.add_argument("--out", help="output file (json-mcap; default FILE.json.mcap) or directory (csv; default FILE_csv/)")
+    p.add_argument("--to", choices=["json-mcap", "csv", "rosbag2"], default="json-mcap",
+                   help="output format (default: %(default)s); rosbag2: a ROS 2 bag directory (MCAP storage, CDR), "
+                        "observations and actions as the --config's [ros2] types (docs/ros2.md)")
+    p.add_argument("--out", help="output file (json-mcap; default FILE.json.mcap) or directory (csv; default FILE_csv/; "
+                                 "rosbag2: default FILE_rosbag2/, must not exist)")
+    p.add_argument("--config", help="rosbag2: the node config whose [ros2] recipe names the observation and action "
+                                    "topics and types (without one: Float64MultiArray on /control_node/...)")
     return p
 
 
@@ -93,6 +98,8 @@ def run(args):
     stem = args.file[:-5] if args.file.endswith(".mcap") else args.file
     names = recorded_action_names(args.file)
     n = 0
+    if args.to == "rosbag2":
+        return _rosbag2(args, stem, names)
     if args.to == "json-mcap":
         from mcap.writer import Writer
 
@@ -143,4 +150,34 @@ def run(args):
             for f in files.values():
                 f.close()
     print(f"exported {n} messages to {out}")
+    return 0
+
+
+def export_recipe(config, names):
+    """The [ros2] recipe of ``config`` (None without a [ros2] section), checked against the model when
+    [node] model is readable, else named by the action names the recording announces."""
+    import os
+
+    from control_node.bridge.recipe import load_recipe, parse_recipe
+    from control_node.config import read_toml
+    raw = read_toml(config)
+    if "ros2" not in raw:
+        return None
+    model = (raw.get("node") or {}).get("model")
+    if model and os.path.exists(model):
+        return load_recipe(config)
+    return parse_recipe(raw["ros2"], config, action_names=names)
+
+
+def _rosbag2(args, stem, names):
+    from control_node.bridge.rosbag2 import export_rosbag2
+    recipe = export_recipe(args.config, names) if args.config else None
+    out = args.out or stem + "_rosbag2"
+    res = export_rosbag2(args.file, out, recipe)
+    for note in res["notes"]:
+        print(f"export: {note}")
+    for topic, (typ, count) in res["topics"].items():
+        print(f"  {topic}  {typ}  {count}")
+    print(f"exported {sum(c for _t, c in res['topics'].values())} messages ({res['frames']} frames, "
+          f"{res['actions']} actions, {res['diagnostics']} diagnostics) to {out} (rosbag2, mcap)")
     return 0

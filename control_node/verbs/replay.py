@@ -9,7 +9,12 @@ def register(sub):
                                    "handshake) and matched back to their recorded seq. --verify runs lockstep and "
                                    "compares every action with the recorded one (classes exactly, action vectors "
                                    "`u` within --atol); exit code 1 on any mismatch.")
-    p.add_argument("file", help="MCAP recording (from `control-node record`)")
+    p.add_argument("file", nargs="?", help="MCAP recording (from `control-node record`)")
+    p.add_argument("--rosbag2", metavar="DIR",
+                   help="replay a rosbag2 directory instead (MCAP or sqlite3, e.g. from `ros2 bag record`): frames "
+                        "assembled by the --config's [ros2] recipe at the bag's log times; --verify compares "
+                        "each answer with the policy's own (--model, default the config's [node] model)")
+    p.add_argument("--model", help="--rosbag2 --verify: the policy file whose answers the node's must match")
     p.add_argument("--rate", type=float, default=1.0, help="speed factor: 2.0 plays twice as fast (default: 1.0)")
     p.add_argument("--lockstep", action="store_true", help="send frame i, wait for action i, then the next")
     p.add_argument("--loop", action="store_true", help="start over at the end, until Ctrl-C")
@@ -42,6 +47,12 @@ def run(args):
     from control_node.sim.streams import replay_stream
     if args.verify and args.loop:
         raise UserError("--verify and --loop do not go together")
+    if args.rosbag2 is not None:
+        if args.file:
+            raise UserError("give a recording FILE or --rosbag2 DIR, not both")
+        return _run_rosbag2(args)
+    if not args.file:
+        raise UserError("replay needs a recording FILE (or --rosbag2 DIR)")
     from control_node.security import client_curve_from_config_path
     eps = load_endpoints(args.config)
     st = replay_stream(args.file, rate=args.rate, start=args.start, duration=args.duration)
@@ -107,6 +118,99 @@ def run(args):
     engine.write_run_dir(run_dir, summary, res)
     engine.print_summary(summary, run_dir)
     return rc
+
+
+def _run_rosbag2(args):
+    import os
+    import sys
+
+    from control_node.bridge.rosbag2 import bag_stream, describe_counters
+    from control_node.config import client_endpoints as load_endpoints
+    from control_node.config import read_toml
+    from control_node.errors import UserError
+    from control_node.security import client_curve_from_config_path
+    from control_node.sim import engine
+    if not args.config:
+        raise UserError("--rosbag2 needs --config FILE with a [ros2] section (the recipe that makes frames)")
+    raw = read_toml(args.config)
+    model = args.model or (raw.get("node") or {}).get("model")
+    history = int((raw.get("policy") or {}).get("history", 1))
+    recipe = _bag_recipe(args.config, raw, model)
+    st, counters = bag_stream(args.rosbag2, recipe, rate=args.rate, start=args.start, duration=args.duration)
+    print(f"replay: {args.rosbag2}: {describe_counters(counters)}", flush=True)
+    if args.verify:
+        if not model or not os.path.exists(model):
+            raise UserError("--rosbag2 --verify compares with the policy's own answers: give --model FILE "
+                            "(or [node] model in the config)")
+        if history != 1:
+            raise UserError(f"--rosbag2 --verify: the node stacks {history} frames per input ([policy] history); "
+                            "its inputs are not known frame by frame here")
+        from control_node.kernels import Policy
+        policy = Policy.load(model)
+        if not policy.continuous:
+            raise UserError(f"--rosbag2 --verify: {model} is an argmax policy; a [ros2] recipe drives a continuous one")
+        st.expected_u = policy.act_batch(st.X)
+    lockstep = args.lockstep or args.verify
+    eps = load_endpoints(args.config)
+    tap = None if args.tap is None else (eps["sensor_tap"] if args.tap == "auto" else args.tap)
+    run_dir = args.run_dir or engine.new_run_dir("replay")
+    loop = engine.ClosedLoop(eps, tap=tap, handshake_timeout=args.timeout,
+                             curve=client_curve_from_config_path(args.config))
+    print(f"replay: {args.rosbag2}: {len(st)} frames over {st.offsets_ns[-1] / 1e9:.3f} s at rate {args.rate:g}"
+          f"{' (lockstep)' if lockstep else ''}", flush=True)
+    passes = 0
+    try:
+        with engine.Stopper() as stopper:
+            while True:
+                try:
+                    res = loop.run(st, lockstep=lockstep, stopper=stopper, progress=True)
+                except KeyboardInterrupt:
+                    return 130
+                passes += 1
+                if not args.loop or stopper.stop:
+                    break
+    finally:
+        loop.close()
+    settings = dict(st.settings, lockstep=lockstep, loop=args.loop, passes=passes, tap=tap)
+    summary = engine.summarize(res, loop, settings, role="replay", lockstep=lockstep, atol=args.atol)
+    summary["wall_s"] = res["wall_s"]
+    rc = 0
+    if args.verify:
+        ex = summary.get("expected") or {"compared": 0, "mismatches": 0}
+        lost = int(summary["actions_lost"])
+        safe = int(summary["safe_answers"])
+        bad = int(ex["mismatches"]) + lost + safe
+        summary["verify"] = {"compared": int(ex["compared"]), "mismatches": bad, "lost": lost, "safe": safe,
+                             "atol": args.atol, "first_mismatch": ex.get("first_mismatch"),
+                             "against": "policy", "model": model}
+        if ex.get("first_mismatch"):
+            fm = ex["first_mismatch"]
+            print(f"first mismatch: frame {fm['seq'] - res['seq_base']}, component {fm['component']}: "
+                  f"node {fm['got']!r}, policy {fm['expected']!r}")
+        print(f"verify: {ex['compared']} actions compared with the policy, {bad} mismatches "
+              f"({ex['mismatches']} differ, {lost} unanswered, {safe} safe)")
+        rc = 1 if bad or not ex["compared"] else 0
+        if not ex["compared"]:
+            print("verify: nothing to compare", file=sys.stderr)
+    engine.write_run_dir(run_dir, summary, res)
+    engine.print_summary(summary, run_dir)
+    return rc
+
+
+def _bag_recipe(config, raw, model):
+    """The config's [ros2] recipe, checked against ``model`` when it can be read."""
+    import os
+
+    from control_node.bridge.recipe import load_recipe, parse_recipe
+    from control_node.errors import UserError
+    if "ros2" not in raw:
+        raise UserError(f"{config} has no [ros2] section: --rosbag2 needs the recipe that makes frames (docs/ros2.md)")
+    if model and os.path.exists(model):
+        from control_node.kernels import load_model
+        spec = load_model(model)
+        return parse_recipe(raw["ros2"], config, spec.n_features, spec.feature_names, spec.action_names,
+                            int((raw.get("policy") or {}).get("history", 1)))
+    return load_recipe(config, check_model=False)
 
 
 class SwitchFollower:
