@@ -17,7 +17,9 @@ Recognised (docs/policies.md has the full list and every refusal):
   forward is read (normalisers by what they compute, clamps as clips, never by class name)
   (IsaacLab policy.pt, rsl-rl-lib policy.pt, legged_gym policy_1.pt).
 Anything else (other operators, recurrent LSTM/GRU policies, NaN weights, ...) is refused whole with a
-message naming the node or field; nothing is written.
+message naming the node or field; nothing is written. Broken or hostile files are refused the same way
+(exit status 2, one line): no tensor larger than 256 MiB ([lifecycle] max_resident_mb) is allocated, and
+external data shorter than its tensors is refused before it is read.
 
 Before writing, the import is proved: the model's actions are compared with onnxruntime (1 thread) or
 torch (1 thread) on --check-obs rows and 2000 random observations (float32: rtol 2e-4 x max(1, |a|)
@@ -51,6 +53,7 @@ def run(args):
 
     import numpy as np
 
+    from control_node.config import defaults
     from control_node.errors import UserError
     from control_node.kernels import Policy, save_model
     from control_node.kernels.importers import describe, import_policy
@@ -63,8 +66,16 @@ def run(args):
                             "np.save(path, X) for X shaped (n, n_features)") from None
     if args.n_random < 0:
         raise UserError(f"--n-random {args.n_random}: must be >= 0")
+    if os.path.splitext(args.file)[1].lower() == ".onnx":
+        try:        # a broken graph's refusal is one line: onnxruntime's own log lines would add to it
+            import onnxruntime
+            onnxruntime.set_default_logger_severity(4)
+        except ImportError:
+            pass
+    # no tensor read from the file may be larger than the node's policy memory bound (max_resident_bytes)
+    max_bytes = int(defaults()["lifecycle"]["max_resident_mb"] * (1 << 20))
     spec, proof = import_policy(args.file, obs_norm=args.obs_norm, dtype=args.dtype, check_X=check_X,
-                                n_random=args.n_random, kernel=Policy)
+                                n_random=args.n_random, kernel=Policy, max_bytes=max_bytes)
     out = args.out or os.path.splitext(args.file)[0] + ".npz"
     if os.path.abspath(out) == os.path.abspath(args.file):
         raise UserError(f"--out {out} would overwrite the policy file; pass another path")

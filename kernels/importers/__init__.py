@@ -7,23 +7,39 @@ sequences with the state carried). Anything it cannot map exactly is refused
 whole with :class:`ImportRefused` (a ValueError) naming the node / submodule / field and the fix: there
 are no partial imports. docs/policies.md lists what is recognised.
 
+Hostile or broken files: no tensor of more than ``max_bytes`` (common.MAX_TENSOR_BYTES, 256 MiB: the node's
+policy memory bound) is allocated while reading a file (see onnx.py / onnx_eval.py; TorchScript archives'
+entries are checked before torch reads them), and any exception raised while reading the untrusted bytes
+(parsing, reading the graph, building and running the exporter's runtime on it) becomes an ImportRefused
+naming the file, the step and the exception, on one line.
+
 Imports nothing of control_node outside control_node.kernels; onnx, onnxruntime and torch are imported
 only when a file needs them.
 """
 from __future__ import annotations
 
+import math
 import os
+import zipfile
 
 import numpy as np
 
-from control_node.kernels.importers.common import ImportRefused, sha256_files
+from control_node.kernels.importers.common import (
+    MAX_TENSOR_BYTES,
+    TOTAL_FACTOR,
+    ImportRefused,
+    exc_text,
+    fmt_bytes,
+    sha256_files,
+)
 
 SUFFIXES = {".onnx": "onnx", ".pt": "torchscript", ".pth": "torchscript", ".jit": "torchscript"}
 
 __all__ = ["ImportRefused", "import_policy", "describe", "SUFFIXES"]
 
 
-def import_policy(path, *, obs_norm=None, dtype=None, check_X=None, n_random=2000, seed=0, kernel=None):
+def import_policy(path, *, obs_norm=None, dtype=None, check_X=None, n_random=2000, seed=0, kernel=None,
+                  max_bytes=MAX_TENSOR_BYTES):
     """Import the policy in ``path`` (.onnx, or TorchScript .pt / .pth / .jit).
 
     ``obs_norm``: path of SB3 VecNormalize statistics kept outside the graph (.npz with mean, var,
@@ -32,6 +48,8 @@ def import_policy(path, *, obs_norm=None, dtype=None, check_X=None, n_random=200
     ``kernel``: the compiled policy class (``control_node.kernels.Policy``) to check on the proof's
     observations too; this package does not import it (``Policy.load`` imports through this package and
     verifies the kernel itself), so callers that want the kernel in the proof pass it (the CLI does).
+    ``max_bytes``: the most bytes one tensor read from the file may take (checked before it is allocated;
+    default 256 MiB, the node's [lifecycle] max_resident_mb default).
 
     Returns ``(spec, proof)``: a continuous-head :class:`ModelSpec` whose ``check_X`` holds (up to 256
     of) the observations it was proved on, and the proof dict (``reference``, ``samples``,
@@ -55,7 +73,8 @@ def import_policy(path, *, obs_norm=None, dtype=None, check_X=None, n_random=200
         norm = load_obs_norm(obs_norm)
 
     fmt = SUFFIXES[suffix]
-    folded, graph_dtype, meta, source, runtime = (_read_onnx if fmt == "onnx" else _read_torchscript)(path, file)
+    folded, graph_dtype, meta, source, runtime = (_read_onnx if fmt == "onnx" else _read_torchscript)(
+        path, file, int(max_bytes))
     n = folded.n_features
     mean = folded.mean if folded.mean is not None else np.zeros(n)
     scale = folded.scale if folded.scale is not None else np.ones(n)
@@ -106,12 +125,57 @@ def import_policy(path, *, obs_norm=None, dtype=None, check_X=None, n_random=200
     return spec, proof
 
 
-def _read_onnx(path, file):
+class _Reading:
+    """``with _Reading(file, step, fix):`` turns any exception but ImportRefused raised while the untrusted
+    bytes of ``file`` are read into an ImportRefused naming the step and the exception (type, message cut to one
+    line of ~200 characters; the original stays chained as ``__cause__``)."""
+
+    def __init__(self, file, step, fix):
+        self.file, self.step, self.fix = file, step, fix
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, e, tb):
+        if e is None or isinstance(e, ImportRefused) or not isinstance(e, Exception):
+            return False
+        raise ImportRefused(self.file, self.step, f"failed ({exc_text(e)})", self.fix) from e
+
+
+FIX_CORRUPT = ("the file is broken (truncated, modified or not written by an exporter): re-export the policy; if "
+               "{runtime} runs the file unchanged, report this with the file")
+
+
+def _guarded_runtime(file, runtime, what, n_actions):
+    """``runtime`` (name, f) whose calls refuse (ImportRefused) instead of raising what the exporter's runtime
+    raises on a broken graph, or returning another number of actions than the import's ``n_actions``."""
+    from control_node.kernels.importers import proof as P
+    name, f = runtime
+    fix = FIX_CORRUPT.format(runtime=what)
+
+    def step(x):
+        with _Reading(file, f"running the file in {name}", fix):
+            out = np.asarray(f(x), dtype=np.float64).reshape(-1)
+        if out.shape != (n_actions,):
+            raise ImportRefused(file, "proof", f"{name} gives {out.size} actions, the import {n_actions}", fix)
+        return out
+    if isinstance(f, P.Stateful):
+        def reset():
+            with _Reading(file, f"resetting the state in {name}", fix):
+                return f.reset()
+        return name, P.Stateful(step, reset)
+    return name, step
+
+
+def _read_onnx(path, file, max_bytes=MAX_TENSOR_BYTES):
     """(Folded, graph dtype, metadata mapping, source, runtime) of an .onnx file."""
     from control_node.kernels.importers import onnx as O
     from control_node.kernels.importers import proof as P
-    graph = O.load(path)
-    folded = O.fold(graph)
+    fix = FIX_CORRUPT.format(runtime="onnxruntime")
+    with _Reading(file, "reading the ONNX graph", fix):
+        graph = O.load(path, max_bytes)
+    with _Reading(file, "reading the ONNX graph's layers", fix):
+        folded = O.fold(graph)
     meta = O.map_metadata(file, graph.metadata, folded.n_features, folded.n_actions)
     source = {"file": file, "sha256": sha256_files(graph.files), "format": "onnx", "opset": graph.opset,
               "producer": graph.producer, "metadata_props": dict(graph.metadata)}
@@ -120,20 +184,162 @@ def _read_onnx(path, file):
     folded.dropped += [f"output '{o}' (not the action)" for o in graph.dropped_outputs] + graph.dropped_nodes()
     if folded.state:
         source["state"] = {"carried_by": "the caller (graph inputs / outputs)", **folded.state}
-    return folded, graph.dtype, meta, source, P.onnx_runtime(graph, graph.dtype)
+    with _Reading(file, "opening the file in onnxruntime", fix):
+        runtime = P.onnx_runtime(graph, graph.dtype)
+    return folded, graph.dtype, meta, source, _guarded_runtime(file, runtime, "onnxruntime", folded.n_actions)
 
 
-def _read_torchscript(path, file):
+def _check_archive(path, file, max_bytes):
+    """Refuse a TorchScript archive (a zip) whose entries would inflate past the limits before torch reads it."""
+    try:
+        with zipfile.ZipFile(path) as z:
+            entries = z.infolist()
+            _check_entry_sizes(file, entries, max_bytes)
+            _check_storages(file, z, entries)
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError, NotImplementedError, RuntimeError) as e:
+        if isinstance(e, ImportRefused):
+            raise
+        return                          # not a readable zip: torch.jit.load refuses it, naming what it read
+
+
+def _check_entry_sizes(file, entries, max_bytes):
+    total = 0
+    for i in entries:
+        total += i.file_size
+        if i.file_size > max_bytes or total > TOTAL_FACTOR * max_bytes:
+            raise ImportRefused(file, f"archive entry '{i.filename}'", f"inflates to {fmt_bytes(i.file_size)} (the "
+                                f"archive's entries to {fmt_bytes(total)} so far), more than the limit of "
+                                f"{fmt_bytes(max_bytes)} per tensor (max_resident_bytes; {TOTAL_FACTOR} x for the "
+                                "whole archive); refused before reading it", "a policy's weights must fit in the "
+                                "node's policy memory ([lifecycle] max_resident_mb); this file is broken or hostile: "
+                                "re-export the policy")
+
+
+STORAGE_ITEMSIZE = {"DoubleStorage": 8, "FloatStorage": 4, "HalfStorage": 2, "BFloat16Storage": 2, "LongStorage": 8,
+                    "IntStorage": 4, "ShortStorage": 2, "CharStorage": 1, "ByteStorage": 1, "BoolStorage": 1,
+                    "ComplexFloatStorage": 8, "ComplexDoubleStorage": 16}
+
+
+def _storage_records(data: bytes):
+    """The ('storage', type name, key, numel) records a TorchScript pickle (data.pkl, constants.pkl) declares, read
+    with an unpickler that builds nothing (every class is a name, nothing is called); [] when it cannot be read."""
+    import io
+    import pickle
+
+    def _inert(*a, **k):
+        return None
+
+    class _Reader(pickle.Unpickler):
+        def find_class(self, module, name):       # a fresh inert class named like the global: nothing runs
+            return type(str(name), (), {"__init__": _inert, "__setstate__": _inert})
+
+        def persistent_load(self, pid):
+            records.append(pid)
+            return None
+    records = []
+    try:
+        _Reader(io.BytesIO(data)).load()
+    except Exception:
+        pass                      # torch refuses what it cannot read; the records read so far are still checked
+    out = []
+    for pid in records:
+        if isinstance(pid, tuple) and len(pid) >= 5 and pid[0] == "storage":
+            kind = getattr(pid[1], "__name__", str(pid[1]))
+            out.append((kind, str(pid[2]), pid[4]))
+    return out
+
+
+def _check_storages(file, z, entries):
+    """Refuse storages whose archive record is shorter than the storage torch would build on it (torch does not
+    check: reading such a tensor reads past the record and can crash the process)."""
+    sizes = {i.filename: i.file_size for i in entries}
+    for pkl in [n for n in sizes if n.endswith(("/data.pkl", "/constants.pkl"))]:
+        prefix = pkl.rsplit("/", 1)[0]
+        for kind, key, numel in _storage_records(z.read(pkl)):
+            record = f"{prefix}/data/{key}" if not pkl.endswith("constants.pkl") else f"{prefix}/constants/{key}"
+            if record not in sizes:
+                continue          # torch refuses a missing record itself
+            if not isinstance(numel, int) or numel < 0:
+                raise ImportRefused(file, f"archive entry '{record}'", f"its storage declares {numel!r} elements",
+                                    FIX_CORRUPT.format(runtime="torch"))
+            need = numel * STORAGE_ITEMSIZE.get(kind, 1)
+            if sizes[record] < need:
+                raise ImportRefused(file, f"archive entry '{record}'", f"holds {fmt_bytes(sizes[record])}, its {kind} "
+                                    f"of {numel} elements needs {fmt_bytes(need)} (truncated or modified)",
+                                    FIX_CORRUPT.format(runtime="torch"))
+
+
+def _torch_load(path, file):
+    """T.load, its refusal's message rebuilt on one line of ~200 characters from torch's (often long) error."""
+    from control_node.kernels.importers import torchscript as T
+    try:
+        return T.load(path)
+    except ImportRefused as e:
+        cause = e.__cause__ or e.__context__
+        if e.where != "(file)" or not isinstance(cause, Exception):
+            raise
+        raise ImportRefused(file, "(file)", f"not a TorchScript archive ({exc_text(cause)}); checkpoints and "
+                            "state_dicts are not unpickled", e.fix) from cause
+
+
+def _module_tensors(module):
+    """(name, tensor) of every parameter, buffer and tensor constant of a scripted module's forward graphs."""
+    for name, t in list(module.named_parameters()) + list(module.named_buffers()):
+        yield name, t
+    for path, m in module.named_modules():
+        try:
+            graph = m.graph
+        except (AttributeError, RuntimeError):
+            continue
+        for node in graph.findAllNodes("prim::Constant"):
+            out = node.output()
+            if out.type().kind() == "TensorType":
+                yield f"constant in {path or '(top)'}'s forward", out.toIValue()
+
+
+def _check_tensors(file, module, max_bytes):
+    """Refuse tensors whose sizes / strides reach outside their storage (torch does not check what its archive
+    declares; reading such a tensor reads past the storage and can crash the process) or exceed the limit."""
+    import torch
+    for name, t in _module_tensors(module):
+        if not isinstance(t, torch.Tensor) or t.layout != torch.strided or t.is_quantized:
+            continue
+        shape, strides = list(t.shape), list(t.stride())
+        item = t.element_size()
+        nbytes = math.prod(shape) * item
+        if nbytes > max_bytes:
+            raise ImportRefused(file, f"tensor '{name}'", f"has shape {shape} ({fmt_bytes(nbytes)}), more than the limit "
+                                f"of {fmt_bytes(max_bytes)} per tensor (max_resident_bytes)", "a policy's tensors must "
+                                "fit in the node's policy memory ([lifecycle] max_resident_mb); re-export the policy")
+        if not nbytes:
+            continue
+        last = t.storage_offset() + sum((d - 1) * st for d, st in zip(shape, strides))
+        first = t.storage_offset() + sum((d - 1) * st for d, st in zip(shape, strides) if st < 0)
+        if first < 0 or (last + 1) * item > t.untyped_storage().nbytes():
+            raise ImportRefused(file, f"tensor '{name}'", f"shape {shape}, strides {strides}, offset "
+                                f"{t.storage_offset()} reach outside its {t.untyped_storage().nbytes()}-byte storage",
+                                FIX_CORRUPT.format(runtime="torch"))
+
+
+def _read_torchscript(path, file, max_bytes=MAX_TENSOR_BYTES):
     """(Folded, weights' dtype, metadata mapping (none), source, runtime) of a TorchScript archive."""
     from control_node.kernels.importers import proof as P
     from control_node.kernels.importers import torchscript as T
-    module = T.load(path)
-    folded, dtype = T.fold(file, module)
+    fix = FIX_CORRUPT.format(runtime="torch")
+    _check_archive(path, file, max_bytes)
+    with _Reading(file, "reading the TorchScript archive", fix):
+        module = _torch_load(path, file)
+    with _Reading(file, "reading the TorchScript module's tensors", fix):
+        _check_tensors(file, module, max_bytes)
+    with _Reading(file, "reading the TorchScript module's forward graphs", fix):
+        folded, dtype = T.fold(file, module)
+        source = T.source(path)
     meta = {"action_names": None, "feature_names": None, "action_offset": 0.0, "action_scale": 1.0, "notes": []}
-    source = T.source(path)
     if folded.state:
         source["state"] = {"carried_by": "the module's buffers", **folded.state}
-    return folded, dtype, meta, source, P.torch_runtime(module, dtype, tuple(folded.state.get("buffers", {}).values()))
+    with _Reading(file, "preparing the module to run in torch", fix):
+        runtime = P.torch_runtime(module, dtype, tuple(folded.state.get("buffers", {}).values()))
+    return folded, dtype, meta, source, _guarded_runtime(file, runtime, "torch", folded.n_actions)
 
 
 def _recognised(fmt, folded, norm, meta) -> dict:

@@ -10,21 +10,50 @@ name in the message.
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import dataclass, field
 
 import numpy as np
+
+#: the most bytes one tensor of an imported file may take (what the importer materialises is checked
+#: against it before it is allocated): the node's policy memory bound, [lifecycle] max_resident_mb
+#: (control_node/config.py), 256 MiB by default. A policy's weights must fit in it to be resident at all.
+MAX_TENSOR_BYTES = 256 << 20
+#: all the tensors the importer materialises for one file together: at most this many times the limit
+TOTAL_FACTOR = 4
+
+
+def one_line(text) -> str:
+    """``text`` with its line breaks (and the blanks around them) collapsed to one space."""
+    return re.sub(r"\s*[\r\n]+\s*", " ", str(text)).strip()
+
+
+def exc_text(e, limit=200) -> str:
+    """``TypeName: message`` of an exception on one line, cut to about ``limit`` characters."""
+    msg = one_line(e)
+    text = f"{type(e).__name__}: {msg}" if msg else type(e).__name__
+    return text if len(text) <= limit else text[:limit - 3].rstrip() + "..."
+
+
+def fmt_bytes(n) -> str:
+    """``n`` bytes for a message: exact below 1 MiB, else in MiB / GiB / TiB / PiB."""
+    n = int(n)
+    for unit, k in (("EiB", 60), ("PiB", 50), ("TiB", 40), ("GiB", 30), ("MiB", 20)):
+        if n >= 1 << k:
+            return f"{n / (1 << k):.4g} {unit}"
+    return f"{n} bytes"
 
 
 class ImportRefused(ValueError):
     """An exported policy cannot be imported exactly. Nothing is written: there are no partial imports.
 
     ``where`` names the node / submodule / field, ``problem`` says what is wrong (and what is supported),
-    ``fix`` says what to do about it.
+    ``fix`` says what to do about it. The message is one line (line breaks in the parts are collapsed).
     """
 
     def __init__(self, file, where, problem, fix):
         self.file, self.where, self.problem, self.fix = str(file), where, problem, fix
-        super().__init__(f"cannot import {file}: {where}: {problem}. Fix: {fix}")
+        super().__init__(one_line(f"cannot import {file}: {where}: {problem}. Fix: {fix}"))
 
 
 def sha256_files(paths) -> str:

@@ -3,7 +3,11 @@
 How a graph is read:
 
 1. Parse with the ``onnx`` package. External data files are loaded only from inside the model's folder
-   (a ``location`` that resolves outside it is refused, naming it). Opset 11 or newer.
+   (a ``location`` that resolves outside it is refused, naming it), and only after their sizes are checked:
+   offset + length within the file, length = the tensor's dims x element size, at most the limit
+   (``max_bytes``, common.MAX_TENSOR_BYTES = 256 MiB, the node's policy memory bound) per tensor. Every
+   tensor the importer materialises is checked against the same limit before it is allocated (initializers,
+   Constant values, what the evaluator computes: see onnx_eval.py). Opset 11 or newer.
 2. The action output is the output named ``action`` / ``actions``, else the first output. Every node
    that does not feed it (SB3's value and log-prob outputs, ...) is dropped.
 3. The remaining graph is run once on a batch-1 observation with the importer's own numpy evaluator
@@ -30,13 +34,21 @@ supported). The graph's own dtype (float32 / float64) is the model's default com
 """
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from control_node.kernels.importers import onnx_eval
-from control_node.kernels.importers.common import Builder, ImportRefused
+from control_node.kernels.importers.common import (
+    MAX_TENSOR_BYTES,
+    TOTAL_FACTOR,
+    Builder,
+    ImportRefused,
+    exc_text,
+    fmt_bytes,
+)
 from control_node.kernels.importers.onnx_eval import Node
 
 MIN_OPSET = 11
@@ -51,7 +63,7 @@ DATA_OPS = frozenset(ACTIVATION_OPS) | set(NOOP_OPS) | set(SELECT_OPS) | set(RNN
     "Sub", "Div", "Mul", "Add", "Gemm", "MatMul", "Clip"}
 #: operators accepted only where they compute constants (shapes, parameter transforms)
 CONST_OPS = frozenset({"Constant", "Shape", "ConstantOfShape", "Gather", "Concat", "Exp", "Neg", "Sqrt",
-                       "Reciprocal", "Equal", "Where", "Transpose", "CastLike"})
+                       "Reciprocal", "Equal", "Where", "Transpose", "CastLike", "Tile", "Range"})
 RECURRENT_OPS = ("LSTM", "GRU", "RNN")
 #: ONNX gate blocks -> torch's: torch block k is ONNX block PERM[k] (LSTM i,o,f,c -> i,f,g,o; GRU z,r,h -> r,z,n)
 GATE_PERM = {"LSTM": (0, 2, 3, 1), "GRU": (1, 0, 2)}
@@ -64,6 +76,7 @@ HINTS = {
     "RNN": " (the plain RNN operator; recurrent policies: one LSTM or GRU layer)",
 }
 FIX_OP = "export a plain MLP policy (dense layers with one supported activation each), or retrain with one"
+FIX_BROKEN = "the file is broken (truncated or modified): re-export the policy"
 
 
 @dataclass
@@ -130,10 +143,45 @@ def _all_tensors(graph):
                 yield from _all_tensors(g)
 
 
-def _external_files(onnx, model, path, file):
-    """Check every external-data location is a file inside the model's folder; return them in order."""
+def _tensor_bytes(onnx, t, file, what):
+    """(declared bytes, numpy dtype) of TensorProto ``t`` from its dims and element type (Python ints)."""
+    from onnx import helper
+    dims = [int(d) for d in t.dims]
+    if any(d < 0 for d in dims):
+        raise ImportRefused(file, what, f"has negative dims {dims}", FIX_BROKEN)
+    try:
+        dt = np.dtype(helper.tensor_dtype_to_np_dtype(t.data_type))
+    except Exception:
+        raise ImportRefused(file, what, f"has element type {t.data_type}, not an ONNX tensor type",
+                            FIX_BROKEN) from None
+    n = math.prod(dims)
+    packed = {getattr(onnx.TensorProto, k, None) for k in ("INT4", "UINT4", "FLOAT4E2M1", "INT2", "UINT2")}
+    if t.data_type in packed - {None}:
+        return (n + 1) // 2, dt
+    return n * max(1, dt.itemsize), dt
+
+
+def _check_tensor_size(onnx, t, file, what, max_bytes):
+    """Refuse a tensor whose dims say it takes more than ``max_bytes``, or whose raw bytes do not match its dims."""
+    n, dt = _tensor_bytes(onnx, t, file, what)
+    if n > max_bytes:
+        raise ImportRefused(file, what, f"has shape {[int(d) for d in t.dims]} ({dt.name}, {fmt_bytes(n)}), more "
+                            f"than the limit of {fmt_bytes(max_bytes)} per tensor (max_resident_bytes); refused before "
+                            "loading it", "a policy's tensors must fit in the node's policy memory ([lifecycle] "
+                            "max_resident_mb); this file is broken or hostile: re-export the policy")
+    if t.HasField("raw_data") and dt.kind != "O" and len(t.raw_data) != n:
+        raise ImportRefused(file, what, f"holds {len(t.raw_data)} bytes of raw data, its shape "
+                            f"{[int(d) for d in t.dims]} ({dt.name}) needs {n}", FIX_BROKEN)
+    return n
+
+
+def _external_files(onnx, model, path, file, max_bytes=MAX_TENSOR_BYTES):
+    """Check every external-data location is a file inside the model's folder and that it holds what the
+    tensor declares (offset + length within the file, length = dims x element size, at most ``max_bytes``)
+    before anything is read from it; return the files in order."""
     base = os.path.realpath(os.path.dirname(os.path.abspath(path)))
     files = []
+    total = 0
     for t in _all_tensors(model.graph):
         if t.data_location != onnx.TensorProto.EXTERNAL:
             continue
@@ -147,17 +195,60 @@ def _external_files(onnx, model, path, file):
         if not os.path.isfile(full):
             raise ImportRefused(file, f"initializer '{t.name}'", f"external data file {loc!r} is missing "
                                 f"(looked for {full})", "copy the data file next to the .onnx file")
+        total += _check_external(onnx, t, file, loc, full, max_bytes)
+        if total > TOTAL_FACTOR * max_bytes:
+            raise ImportRefused(file, f"initializer '{t.name}'", f"the external data of the graph's tensors adds up to "
+                                f"{fmt_bytes(total)} at this one, more than {TOTAL_FACTOR} x the limit of "
+                                f"{fmt_bytes(max_bytes)} per tensor (max_resident_bytes)",
+                                "a policy's weights must fit in the node's policy memory ([lifecycle] "
+                                "max_resident_mb); re-export the policy")
         if full not in files:
             files.append(full)
     return files
+
+
+def _check_external(onnx, t, file, loc, full, max_bytes) -> int:
+    """The bytes tensor ``t`` reads from its external data file ``full``, checked against the file's size and
+    the tensor's dims before onnx reads them."""
+    what = f"initializer '{t.name}'"
+    keys = {e.key: e.value for e in t.external_data}
+    try:
+        offset = int(keys.get("offset") or 0)
+        length = None if keys.get("length") in (None, "") else int(keys["length"])
+    except ValueError:
+        raise ImportRefused(file, what, f"external data offset {keys.get('offset')!r} / length {keys.get('length')!r} "
+                            "are not integers", FIX_BROKEN) from None
+    if offset < 0 or (length is not None and length < 0):
+        raise ImportRefused(file, what, f"external data offset {offset} / length {length} are negative", FIX_BROKEN)
+    declared, dt = _tensor_bytes(onnx, t, file, what)
+    size = os.path.getsize(full)
+    avail = max(0, size - offset)
+    n = avail if length is None else length
+    if offset > size or n > avail:
+        raise ImportRefused(file, what, f"external data file {loc!r} is {fmt_bytes(size)}: it holds {fmt_bytes(avail)} "
+                            f"from offset {offset}, the tensor declares length {fmt_bytes(n)} (shape "
+                            f"{[int(d) for d in t.dims]} {dt.name} = {fmt_bytes(declared)})",
+                            f"copy the complete {loc} (it is truncated), or re-export the policy")
+    if dt.kind != "O" and n != declared:
+        raise ImportRefused(file, what, f"external data file {loc!r} gives it {fmt_bytes(n)} (offset {offset}, of a "
+                            f"{fmt_bytes(size)} file), its shape {[int(d) for d in t.dims]} ({dt.name}) needs "
+                            f"{fmt_bytes(declared)}", f"copy the matching {loc}, or re-export the policy")
+    if max(n, declared) > max_bytes:
+        raise ImportRefused(file, what, f"has shape {[int(d) for d in t.dims]} ({dt.name}, {fmt_bytes(declared)} in "
+                            f"{loc!r}), more than the limit of {fmt_bytes(max_bytes)} per tensor (max_resident_bytes); "
+                            "refused before loading it", "a policy's tensors must fit in the node's policy memory "
+                            "([lifecycle] max_resident_mb); this file is broken or hostile: re-export the policy")
+    return n
 
 
 def _name(node: Node) -> str:
     return f"node '{node.name}' ({node.op})"
 
 
-def parse_nodes(onnx, graph, file) -> list:
-    """The graph's nodes as :class:`onnx_eval.Node` (names filled in, attributes as numpy/Python)."""
+def parse_nodes(onnx, graph, file, max_bytes=MAX_TENSOR_BYTES) -> list:
+    """The graph's nodes as :class:`onnx_eval.Node` (names filled in, attributes as numpy/Python).
+
+    A tensor attribute (a Constant's value) is checked against ``max_bytes`` before it is converted."""
     from onnx import helper, numpy_helper
     out = []
     for k, n in enumerate(graph.node):
@@ -171,13 +262,19 @@ def parse_nodes(onnx, graph, file) -> list:
             if a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS):
                 raise ImportRefused(file, f"node '{name}' ({n.op_type})", "operators with sub-graphs (If, Loop, "
                                     "Scan) are not supported", FIX_OP)
-            v = helper.get_attribute_value(a)
+            where = f"node '{name}' ({n.op_type}) attribute '{a.name}'"
             if a.type == onnx.AttributeProto.TENSOR:
-                v = numpy_helper.to_array(v)
-            elif isinstance(v, bytes):
-                v = v.decode()
-            elif isinstance(v, list) and v and all(isinstance(x, bytes) for x in v):
-                v = [x.decode() for x in v]                 # STRINGS (an LSTM's activations)
+                _check_tensor_size(onnx, a.t, file, where, max_bytes)
+            try:
+                v = helper.get_attribute_value(a)
+                if a.type == onnx.AttributeProto.TENSOR:
+                    v = numpy_helper.to_array(v)
+                elif isinstance(v, bytes):
+                    v = v.decode()
+                elif isinstance(v, list) and v and all(isinstance(x, bytes) for x in v):
+                    v = [x.decode() for x in v]                 # STRINGS (an LSTM's activations)
+            except Exception as e:          # a corrupt attribute: unknown type, bad UTF-8, raw data of another size
+                raise ImportRefused(file, where, f"cannot be read ({exc_text(e)})", FIX_BROKEN) from None
             attrs[a.name] = v
         if n.op_type == "Cast" and "to" in attrs:
             try:
@@ -206,28 +303,49 @@ def _toposort(nodes, known, file):
     return out
 
 
+def _type_name(onnx, elem_type) -> str:
+    try:
+        return onnx.TensorProto.DataType.Name(elem_type)
+    except ValueError:
+        return "not an ONNX element type"
+
+
 def _float_dtype(onnx, elem_type):
     return {onnx.TensorProto.FLOAT: "float32", onnx.TensorProto.DOUBLE: "float64"}.get(elem_type)
 
 
-def load(path) -> OnnxGraph:
-    """Parse, check, prune and evaluate once. Raises :class:`ImportRefused`; never returns a partial graph."""
+def load(path, max_bytes=MAX_TENSOR_BYTES) -> OnnxGraph:
+    """Parse, check, prune and evaluate once. Raises :class:`ImportRefused`; never returns a partial graph.
+
+    No tensor of more than ``max_bytes`` is allocated (external data, initializers, Constant values and what the
+    evaluator computes are checked first), nor a file of more than 2 x ``max_bytes`` + 1 MiB parsed."""
     onnx = _onnx()
     from onnx import external_data_helper, numpy_helper
     path = os.fspath(path)
     file = os.path.basename(path)
+    size = os.path.getsize(path)
+    if size > 2 * max_bytes + (1 << 20):           # 1 MiB for the graph's structure
+        raise ImportRefused(file, "(file)", f"is {fmt_bytes(size)}, more than 2 x the limit of {fmt_bytes(max_bytes)} "
+                            "per tensor (max_resident_bytes) + 1 MiB: its weights could not be resident",
+                            "a policy's weights "
+                            "must fit in the node's policy memory ([lifecycle] max_resident_mb); re-export the policy")
     try:
         model = onnx.load(path, load_external_data=False)
     except Exception as e:       # protobuf DecodeError, OSError, ... : not an ONNX file
-        raise ImportRefused(file, "(file)", f"not a readable ONNX model ({type(e).__name__}: {e})",
+        raise ImportRefused(file, "(file)", f"not a readable ONNX model ({exc_text(e)})",
                             "pass the .onnx file the exporter wrote") from None
-    data_files = _external_files(onnx, model, path, file)
+    data_files = _external_files(onnx, model, path, file, max_bytes)
     if data_files:
-        external_data_helper.load_external_data_for_model(model, os.path.dirname(os.path.abspath(path)))
+        try:
+            external_data_helper.load_external_data_for_model(model, os.path.dirname(os.path.abspath(path)))
+        except Exception as e:      # sizes were checked: what is left is an unreadable file
+            raise ImportRefused(file, "(external data)", f"cannot be read ({exc_text(e)})",
+                                "copy the complete data file(s) next to the .onnx file, or re-export") from None
     try:
         onnx.checker.check_model(model)
     except Exception as e:
-        raise ImportRefused(file, "(model)", f"the ONNX checker rejects it: {e}", "re-export the policy") from None
+        raise ImportRefused(file, "(model)", f"the ONNX checker rejects it: {exc_text(e, 300)}",
+                            "re-export the policy") from None
     opsets = {o.domain: o.version for o in model.opset_import}
     opset = opsets.get("", opsets.get("ai.onnx", 0))
     if opset < MIN_OPSET:
@@ -261,7 +379,7 @@ def load(path) -> OnnxGraph:
     dtype = _float_dtype(onnx, tt.elem_type)
     if dtype is None:
         raise ImportRefused(file, f"input '{inp.name}'", f"element type {tt.elem_type} "
-                            f"({onnx.TensorProto.DataType.Name(tt.elem_type)}) is not float32 or float64",
+                            f"({_type_name(onnx, tt.elem_type)}) is not float32 or float64",
                             "export the policy in float32")
     dims = [d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim]
     if len(dims) != 2 or dims[1] is None or dims[1] < 1:
@@ -274,7 +392,7 @@ def load(path) -> OnnxGraph:
     outputs = [o.name for o in g.output]
     named = [o for o in outputs if o.lower() in ACTION_OUTPUT_NAMES]
     action = named[0] if named else outputs[0]
-    nodes = _toposort(parse_nodes(onnx, g, file), init_names | {inp.name} | set(rnn_inputs), file)
+    nodes = _toposort(parse_nodes(onnx, g, file, max_bytes), init_names | {inp.name} | set(rnn_inputs), file)
 
     # keep only what the action output depends on
     producer_of = {o: n for n in nodes for o in n.outputs if o}
@@ -297,22 +415,39 @@ def load(path) -> OnnxGraph:
             raise ImportRefused(file, _name(n), "transA=1 is not supported (a batch-1 policy never transposes "
                                 "its input)", "export with torch.nn.Linear / tf2onnx Dense (transA=0)")
     env = {}
+    total = 0
     for t in g.initializer:
         if t.name in need:
-            arr = numpy_helper.to_array(t)
+            what = f"initializer '{t.name}'"
+            total += _check_tensor_size(onnx, t, file, what, max_bytes)
+            if total > TOTAL_FACTOR * max_bytes:
+                raise ImportRefused(file, what, f"the initializers add up to {fmt_bytes(total)} at this one, more "
+                                    f"than {TOTAL_FACTOR} x the limit of {fmt_bytes(max_bytes)} per tensor "
+                                    "(max_resident_bytes)", "a policy's weights must fit in the node's policy memory "
+                                    "([lifecycle] max_resident_mb); re-export the policy")
+            try:
+                arr = numpy_helper.to_array(t)
+            except Exception as e:          # data of another size than its dims, an unknown element type
+                raise ImportRefused(file, what, f"cannot be read ({exc_text(e)})", FIX_BROKEN) from None
             if arr.dtype.kind == "f" and not np.isfinite(arr).all():
                 bad = int(np.flatnonzero(~np.isfinite(arr.reshape(-1)))[0])
                 raise ImportRefused(file, f"initializer '{t.name}'", f"contains NaN or Inf (first at flat index "
                                     f"{bad} of shape {list(arr.shape)})", "re-export a trained, finite policy")
             env[t.name] = arr
+    for name, shape, dt in [(inp.name, [1, n_features], dtype)] + [(k, sh, d) for k, (sh, d) in rnn_inputs.items()]:
+        n = math.prod(shape) * np.dtype(dt).itemsize
+        if n > max_bytes:
+            raise ImportRefused(file, f"input '{name}'", f"has shape {shape} ({dt}, {fmt_bytes(n)}), more than the "
+                                f"limit of {fmt_bytes(max_bytes)} per tensor (max_resident_bytes)",
+                                "export the policy with its real observation / state width")
     env[inp.name] = np.full((1, n_features), 0.5, dtype=dtype)
     for name, (shape, sdtype) in rnn_inputs.items():
         env[name] = np.zeros(shape, dtype=sdtype)
     try:
-        env = onnx_eval.run(keep, env, opset)
+        env = onnx_eval.run(keep, env, opset, max_bytes)
     except onnx_eval.EvalError as e:
-        raise ImportRefused(file, _name(e.node), e.problem, "re-export the policy (the graph is inconsistent) "
-                            "or export a plain MLP") from None
+        raise ImportRefused(file, _name(e.node), e.problem, e.fix or "re-export the policy (the graph is "
+                            "inconsistent) or export a plain MLP") from None
     data = {inp.name} | set(rnn_inputs)
     for n in keep:
         if n.op == "Shape" or (n.op == "CastLike" and n.inputs[0] not in data):   # only shapes / dtypes flow

@@ -10,12 +10,22 @@ direction, default activations; GRU with either linear_before_reset).
 
 Nodes are :class:`Node` tuples (see ``onnx.py: parse_nodes``): attributes already converted to plain
 Python / numpy values, ``to`` of Cast already a numpy dtype.
+
+Hostile or broken graphs cannot exhaust memory: before a node runs, the shape and size of what it would
+materialise is computed from its inputs' shapes and values in Python integers (no int64 overflow) and
+refused with :class:`TooLarge` when one output would take more than ``max_bytes`` (the node's policy
+memory bound, common.MAX_TENSOR_BYTES = 256 MiB by default: ConstantOfShape, Expand, Tile, Range,
+Reshape, Gather, Concat, broadcasting element-wise ops, MatMul, Gemm, Cast), or when everything the run
+holds would exceed ``TOTAL_FACTOR`` times that. Nothing is allocated before the check.
 """
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import numpy as np
+
+from control_node.kernels.importers.common import MAX_TENSOR_BYTES, TOTAL_FACTOR, fmt_bytes
 
 
 class Node(NamedTuple):
@@ -29,9 +39,155 @@ class Node(NamedTuple):
 class EvalError(ValueError):
     """A node could not be evaluated (bad shapes, bad attribute). ``node`` is the :class:`Node`."""
 
+    fix = None
+
     def __init__(self, node, problem):
         self.node, self.problem = node, problem
         super().__init__(f"node '{node.name}' ({node.op}): {problem}")
+
+
+FIX_TOO_LARGE = ("a policy's tensors must fit in the node's policy memory ([lifecycle] max_resident_mb); this file "
+                 "is broken or hostile: re-export the policy from its checkpoint")
+
+
+class TooLarge(EvalError):
+    """A node would materialise more than the limit (checked before anything is allocated)."""
+
+    fix = FIX_TOO_LARGE
+
+    def __init__(self, node, problem):
+        super().__init__(node, problem)
+
+
+def _nbytes(shape, dtype) -> int:
+    """Bytes of an array shaped ``shape`` (Python ints: never overflows) of ``dtype``."""
+    return math.prod(int(d) for d in shape) * max(1, np.dtype(dtype).itemsize)
+
+
+def _check_size(node, shape, dtype, max_bytes, what="its output"):
+    """Refuse (:class:`TooLarge`) when an array ``shape`` of ``dtype`` would take more than ``max_bytes``."""
+    shape = [int(d) for d in shape]
+    if any(d < 0 for d in shape):
+        raise EvalError(node, f"{what} would have the negative shape {shape}")
+    n = _nbytes(shape, dtype)
+    if n > max_bytes:
+        raise TooLarge(node, f"{what} would have shape {shape} ({np.dtype(dtype).name}, {fmt_bytes(n)}), more than "
+                       f"the limit of {fmt_bytes(max_bytes)} per tensor (max_resident_bytes); refused before "
+                       "allocating it")
+    return n
+
+
+def _ints(node, v, what):
+    """The values of a (shape / repeats / indices) tensor as Python ints."""
+    a = np.asarray(v)
+    if a.dtype.kind not in "iu":
+        raise EvalError(node, f"{what} has element type {a.dtype}, expected int64")
+    return [int(x) for x in a.reshape(-1)]
+
+
+def _broadcast(node, *shapes):
+    """The multidirectional (numpy) broadcast of ``shapes``, in Python ints; EvalError when they do not broadcast."""
+    rank = max((len(s) for s in shapes), default=0)
+    out = []
+    for k in range(rank):
+        dims = {int(s[len(s) - rank + k]) for s in shapes if len(s) - rank + k >= 0}
+        big = dims - {1}
+        if len(big) > 1:
+            raise EvalError(node, f"shapes {[list(s) for s in shapes]} do not broadcast: dimension mismatch")
+        out.append(big.pop() if big else 1)
+    return out
+
+
+def _planned(node, ins, opset):
+    """[(shape, dtype)] of the outputs ``node`` would allocate, for the operators whose output can be larger
+    than their inputs; None for the others (their outputs are no larger than an input, checked after)."""
+    op, a = node.op, node.attrs
+
+    def arr(k):
+        return ins[k] if len(ins) > k and ins[k] is not None else None
+    if op == "ConstantOfShape":
+        value = np.asarray(a.get("value", np.zeros(1, dtype=np.float32)))
+        if np.ndim(ins[0]) != 1 or value.size != 1:
+            raise EvalError(node, f"the shape input has shape {list(np.shape(ins[0]))} (expected 1-D) or the value "
+                            f"{value.size} elements (expected 1)")
+        return [(_ints(node, ins[0], "the shape input"), value.dtype)]
+    if op == "Expand":
+        x = ins[0]
+        return [(_broadcast(node, x.shape, _ints(node, ins[1], "the shape input")), x.dtype)]
+    if op == "Tile":
+        x, reps = ins[0], _ints(node, ins[1], "the repeats input")
+        if len(reps) != x.ndim:
+            raise EvalError(node, f"repeats {reps} has {len(reps)} values for an input of rank {x.ndim}")
+        if any(r < 0 for r in reps):
+            raise EvalError(node, f"repeats {reps} has a negative value")
+        return [([d * r for d, r in zip(x.shape, reps)], x.dtype)]
+    if op == "Range":
+        return [([_range_len(node, ins)], np.asarray(ins[0]).dtype)]
+    if op == "Reshape":
+        x, shape = ins[0], _ints(node, ins[1], "the shape input")
+        if not a.get("allowzero", 0):
+            shape = [x.shape[i] if s == 0 and i < x.ndim else s for i, s in enumerate(shape)]
+        return [([s for s in shape if s != -1], x.dtype)]      # the explicit dims alone must fit
+    if op == "Gather":
+        x, idx = ins[0], np.asarray(ins[1])
+        axis = int(a.get("axis", 0))
+        axis = axis + x.ndim if axis < 0 else axis
+        if not 0 <= axis < x.ndim:
+            raise EvalError(node, f"axis {a.get('axis', 0)} is out of range for rank {x.ndim}")
+        return [(list(x.shape[:axis]) + list(idx.shape) + list(x.shape[axis + 1:]), x.dtype)]
+    if op in BINARY:
+        x, y = np.asarray(ins[0]), np.asarray(ins[1])
+        dt = np.bool_ if op == "Equal" else np.result_type(x, y)
+        return [(_broadcast(node, x.shape, y.shape), dt)]
+    if op == "Where":
+        c, x, y = (np.asarray(v) for v in ins[:3])
+        return [(_broadcast(node, c.shape, x.shape, y.shape), np.result_type(x, y))]
+    if op == "Concat":
+        parts = [np.asarray(i) for i in ins if i is not None]
+        if not parts:
+            return None
+        total = sum(p.size for p in parts)
+        return [([total], np.result_type(*parts))]
+    if op == "MatMul":
+        x, w = np.asarray(ins[0]), np.asarray(ins[1])
+        if x.ndim < 2 or w.ndim < 2:
+            return None
+        return [(_broadcast(node, x.shape[:-2], w.shape[:-2]) + [x.shape[-2], w.shape[-1]], np.result_type(x, w))]
+    if op == "Gemm":
+        A, B = np.asarray(ins[0]), np.asarray(ins[1])
+        if A.ndim != 2 or B.ndim != 2:
+            return None
+        rows = A.shape[1] if a.get("transA", 0) else A.shape[0]
+        cols = B.shape[0] if a.get("transB", 0) else B.shape[1]
+        return [([rows, cols], np.result_type(A, B))]
+    if op == "Cast":
+        return [(ins[0].shape, a["to"])]
+    if op == "CastLike":
+        return [(ins[0].shape, np.asarray(ins[1]).dtype)]
+    if op in ("LSTM", "GRU"):
+        X = ins[0]
+        H = int(a.get("hidden_size", np.shape(ins[2])[-1]))
+        return [([X.shape[0], 1, X.shape[1], H], X.dtype)] if X.ndim == 3 else None
+    return None
+
+
+def _range_len(node, ins):
+    """Number of elements of Range(start, limit, delta), computed in Python numbers."""
+    vals = []
+    for k, what in enumerate(("start", "limit", "delta")):
+        v = np.asarray(ins[k])
+        if v.size != 1:
+            raise EvalError(node, f"{what} has shape {list(v.shape)}, expected a scalar")
+        vals.append(v.reshape(-1)[0].item())
+    start, limit, delta = vals
+    if delta == 0:
+        raise EvalError(node, "delta is 0")
+    if all(isinstance(v, int) for v in vals):
+        return max(0, -((start - limit) // delta))
+    q = (limit - start) / delta
+    if not math.isfinite(q):
+        raise EvalError(node, f"start {start}, limit {limit}, delta {delta} give {q} elements")
+    return max(0, math.ceil(q))
 
 
 def _sigmoid(x):
@@ -227,17 +383,26 @@ def _gru(node, ins):
     return [Y, h[None].astype(X.dtype)]
 
 
-def eval_node(node: Node, ins: list, opset: int) -> list:
-    """Outputs of ``node`` for input arrays ``ins`` (None where an optional input is omitted)."""
+def eval_node(node: Node, ins: list, opset: int, max_bytes: int = MAX_TENSOR_BYTES) -> list:
+    """Outputs of ``node`` for input arrays ``ins`` (None where an optional input is omitted).
+
+    Raises :class:`TooLarge` before allocating when an output would take more than ``max_bytes``."""
     op = node.op
     try:
+        plan = _planned(node, ins, opset)
+        for shape, dtype in plan or ():
+            _check_size(node, shape, dtype, max_bytes)
         with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-            return _eval(node, ins, opset, op)
+            outs = _eval(node, ins, opset, op)
     except EvalError:
         raise
-    except (ValueError, IndexError, TypeError) as e:
+    except (ValueError, IndexError, TypeError, OverflowError, ZeroDivisionError, KeyError) as e:
         shapes = [None if i is None else list(np.shape(i)) for i in ins]
         raise EvalError(node, f"cannot be evaluated on inputs shaped {shapes} ({e}): dimension mismatch") from None
+    for v in outs:
+        v = np.asarray(v)
+        _check_size(node, v.shape, v.dtype, max_bytes)
+    return outs
 
 
 def _eval(node, ins, opset, op):
@@ -288,8 +453,14 @@ def _eval(node, ins, opset, op):
         return [ins[0].astype(a["to"])]
     if op == "Expand":
         x = ins[0]
-        shape = np.broadcast_shapes(x.shape, tuple(int(s) for s in ins[1]))
+        shape = _broadcast(node, x.shape, [int(s) for s in np.asarray(ins[1]).reshape(-1)])
         return [np.array(np.broadcast_to(x, shape))]
+    if op == "Tile":
+        return [np.tile(ins[0], [int(r) for r in np.asarray(ins[1]).reshape(-1)])]
+    if op == "Range":
+        dt = np.asarray(ins[0]).dtype          # output[i] = start + i * delta (the operator definition)
+        start, delta = (np.asarray(v, dtype=dt).reshape(-1)[0] for v in (ins[0], ins[2]))
+        return [(start + np.arange(_range_len(node, ins), dtype=dt) * delta).astype(dt)]
     if op == "Split":
         return _split(node, ins, opset)
     if op == "Slice":
@@ -301,7 +472,8 @@ def _eval(node, ins, opset, op):
         return [shape[a.get("start", 0):a.get("end", len(shape))]]
     if op == "ConstantOfShape":
         value = a.get("value", np.zeros(1, dtype=np.float32))
-        return [np.full([int(s) for s in ins[0]], np.asarray(value).reshape(-1)[0], dtype=np.asarray(value).dtype)]
+        return [np.full([int(s) for s in np.asarray(ins[0]).reshape(-1)], np.asarray(value).reshape(-1)[0],
+                        dtype=np.asarray(value).dtype)]
     if op == "Gather":
         return [np.take(ins[0], ins[1].astype(np.int64), axis=a.get("axis", 0))]
     if op == "Concat":
@@ -323,18 +495,39 @@ def _eval(node, ins, opset, op):
 OPS = frozenset(UNARY) | frozenset(BINARY) | {"Gemm", "MatMul", "Clip", "Flatten", "Reshape", "Squeeze", "Unsqueeze",
                                               "Cast", "Expand", "Split", "Slice", "Constant", "Shape",
                                               "ConstantOfShape", "Gather", "Concat", "Where", "Transpose",
-                                              "CastLike", "LSTM", "GRU"}
+                                              "CastLike", "LSTM", "GRU", "Tile", "Range"}
 
 
-def run(nodes, values: dict, opset: int) -> dict:
+def run(nodes, values: dict, opset: int, max_bytes: int = MAX_TENSOR_BYTES) -> dict:
     """Evaluate ``nodes`` (topologically sorted) given ``values`` (name -> array: inputs, initializers).
 
-    Returns a new dict with every node output added."""
+    Returns a new dict with every node output added. Refuses (:class:`TooLarge`, before allocating) a node
+    whose output would take more than ``max_bytes``, or that would bring everything the run holds above
+    ``TOTAL_FACTOR * max_bytes``."""
     env = dict(values)
+    total = sum(np.asarray(v).nbytes for v in env.values())
+    budget = TOTAL_FACTOR * int(max_bytes)
     for node in nodes:
         ins = [env[i] if i else None for i in node.inputs]
-        outs = eval_node(node, ins, opset)
+        try:
+            plan = _planned(node, ins, opset)
+        except (ValueError, IndexError, TypeError, OverflowError, ZeroDivisionError, KeyError):
+            plan = None                 # eval_node reports it
+        for shape, dtype in plan or ():             # each output against the limit first (names its shape)
+            _check_size(node, shape, dtype, max_bytes)
+        if plan and node.op != "Reshape":          # a Reshape is a view: only its explicit dims are checked
+            want = sum(_nbytes(s, d) for s, d in plan)
+            if total + want > budget:
+                raise TooLarge(node, f"its outputs ({fmt_bytes(want)}) would bring what the importer holds for this "
+                               f"graph to {fmt_bytes(total + want)}, more than {TOTAL_FACTOR} x the limit of "
+                               f"{fmt_bytes(max_bytes)} per tensor (max_resident_bytes); refused before allocating")
+        outs = eval_node(node, ins, opset, max_bytes)
         for name, v in zip(node.outputs, outs):
             if name:
-                env[name] = np.asarray(v)
+                env[name] = v = np.asarray(v)
+                if v.base is None and not any(v is i for i in ins):      # views and pass-throughs hold nothing new
+                    total += v.nbytes
+        if total > budget:
+            raise TooLarge(node, f"what the importer holds for this graph reached {fmt_bytes(total)}, more than "
+                           f"{TOTAL_FACTOR} x the limit of {fmt_bytes(max_bytes)} per tensor (max_resident_bytes)")
     return env
