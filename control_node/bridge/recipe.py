@@ -338,15 +338,15 @@ def parse_recipe(raw_ros2, path, n_features=None, feature_names=None, action_nam
                   width=width, source=str(path), node_name=name)
 
 
-def load_recipe(path, check_model=True) -> Recipe:
-    """The ``[ros2]`` section of a config file, checked against the model named by ``[node] model``."""
+def load_recipe(path, model=None, check_model=True) -> Recipe:
+    """The ``[ros2]`` section of a config file, checked against ``model`` (default: ``[node] model``)."""
     from control_node.config import read_toml
     raw = read_toml(path)
     n_features = feature_names = action_names = None
     history = 1
     if check_model:
         from control_node.kernels import ModelFileError, load_model
-        model = (raw.get("node") or {}).get("model")
+        model = model or (raw.get("node") or {}).get("model")
         if not model:
             raise _bad(path, "node.model", "missing", "name the model file the node runs: [node] model = \"...\"")
         try:

@@ -20,6 +20,8 @@ def register(sub):
                        description=DESCRIPTION, formatter_class=_raw())
     p.add_argument("kind", choices=["ros2"], help="the graph to join: ros2")
     p.add_argument("--config", required=True, metavar="FILE", help="node config with a [ros2] section")
+    p.add_argument("--model", metavar="PATH", help="the node's model file, to check the terms against (default: "
+                   "[node] model of the config; pass the same --model as `control-node run`)")
     p.add_argument("--duration", type=float, default=None, metavar="S", help="stop after S seconds (default: "
                    "run until Ctrl-C / SIGINT / SIGTERM)")
     p.add_argument("--run-dir", metavar="DIR", help="where to write summary.json (default: runs/<time>-bridge/)")
@@ -42,7 +44,7 @@ def run(args):
     from control_node.bridge.recipe import load_recipe
     from control_node.config import client_endpoints
     from control_node.security import client_curve_from_config_path
-    recipe = load_recipe(args.config)
+    recipe = load_recipe(args.config, model=args.model)
     if args.check:
         print(f"config {args.config}: [ros2] ok: {recipe.describe()}")
         return 0

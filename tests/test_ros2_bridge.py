@@ -1,0 +1,259 @@
+"""The ROS 2 bridge against real rclpy processes: a robot peer (tests/support/ros2_peer.py), the bridge, a node.
+
+Every ROS 2 process runs in a private network namespace holding only ``lo`` (``ip netns``), with
+ROS_AUTOMATIC_DISCOVERY_RANGE=LOCALHOST and a private ROS_DOMAIN_ID: DDS never reaches a real interface. The
+node stays outside (it never speaks ROS 2); ipc sockets are files, so the bridge reaches it from the namespace.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from tests.nodeutil import start_node
+
+pytest.importorskip("rclpy", reason="rclpy is missing: pip install -e '.[ros2]' (the ROS 2 wheels)")
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PEER = os.path.join(ROOT, "tests", "support", "ros2_peer.py")
+CHILD_ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "ROS_AUTOMATIC_DISCOVERY_RANGE": "LOCALHOST"}
+
+RECIPE = """
+[loop]
+clock = "sensor"
+[watchdog]
+stale_after_ms = 20000
+[ros2]
+trigger = "/joint_states"
+max_age_ms = 400
+[[ros2.observation]]
+topic = "/joint_states"
+type = "sensor_msgs/msg/JointState"
+field = "position"
+joints = ["hip", "knee"]
+[[ros2.observation]]
+topic = "/joint_states"
+type = "sensor_msgs/msg/JointState"
+field = "velocity"
+joints = ["hip", "knee"]
+[[ros2.observation]]
+topic = "/cmd_vel"
+type = "geometry_msgs/msg/Twist"
+field = "linear.x"
+[[ros2.observation]]
+topic = "/cmd_vel"
+type = "geometry_msgs/msg/Twist"
+field = "angular.z"
+scale = 2.0
+offset = 0.5
+[ros2.action]
+topic = "/cmd"
+type = "std_msgs/msg/Float64MultiArray"
+"""
+
+
+class Namespace:
+    """A network namespace with only loopback, and a ROS domain of its own."""
+
+    def __init__(self, tag):
+        self.name = f"cn-ros-{os.getpid()}-{tag}"
+        self.domain = str(1 + (os.getpid() + hash(tag)) % 200)
+
+    def up(self):
+        if os.geteuid() != 0:
+            pytest.skip("the ROS 2 tests need a private network namespace: run as root (ip netns add)")
+        r = subprocess.run(["ip", "netns", "add", self.name], capture_output=True, text=True)
+        if r.returncode:
+            pytest.skip(f"cannot create a network namespace (ip netns add: {r.stderr.strip()})")
+        subprocess.run(["ip", "netns", "exec", self.name, "ip", "link", "set", "lo", "up"], check=True)
+        links = subprocess.run(["ip", "netns", "exec", self.name, "ip", "-o", "link"], capture_output=True,
+                               text=True, check=True).stdout
+        assert [ln.split(":")[1].strip() for ln in links.splitlines()] == ["lo"], links
+        return self
+
+    def popen(self, *cmd, **kw):
+        kw.setdefault("cwd", ROOT)
+        return subprocess.Popen(["ip", "netns", "exec", self.name, *cmd],
+                                env={**CHILD_ENV, "ROS_DOMAIN_ID": self.domain}, text=True, **kw)
+
+    def close(self):
+        pids = subprocess.run(["ip", "netns", "pids", self.name], capture_output=True, text=True).stdout.split()
+        for p in pids:
+            try:
+                os.kill(int(p), signal.SIGKILL)
+            except (ProcessLookupError, ValueError):
+                pass
+        subprocess.run(["ip", "netns", "del", self.name], capture_output=True)
+
+
+@pytest.fixture
+def netns(request):
+    ns = Namespace(request.node.name[-40:]).up()
+    yield ns
+    ns.close()
+
+
+def start_bridge(ns, cfg, model, run_dir, timeout=30.0):
+    p = ns.popen(sys.executable, "-m", "control_node", "bridge", "ros2", "--config", str(cfg), "--model",
+                 str(model), "--run-dir", str(run_dir), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + timeout
+    lines = []
+    while time.monotonic() < deadline:
+        line = p.stdout.readline()
+        if not line:
+            raise RuntimeError("bridge exited before ready:\n" + "".join(lines))
+        lines.append(line)
+        if line.startswith("ready bridge"):
+            return p
+    raise RuntimeError("bridge not ready:\n" + "".join(lines))
+
+
+def stop_bridge(p, run_dir):
+    p.send_signal(signal.SIGINT)
+    out, _ = p.communicate(timeout=20)
+    assert p.returncode == 0, out
+    with open(os.path.join(run_dir, "summary.json")) as f:
+        return json.load(f), out
+
+
+def run_peer(ns, tmp_path, steps, name="peer"):
+    """The peer, started in ``ns``; returns (process, path of its result)."""
+    script = {"command_topic": "/cmd", "steps": steps}
+    sp, op = tmp_path / f"{name}.json", tmp_path / f"{name}.out.json"
+    sp.write_text(json.dumps(script))
+    return ns.popen(sys.executable, PEER, str(sp), str(op), stdout=subprocess.PIPE, stderr=subprocess.STDOUT), op
+
+
+def peer_result(p, out_path, timeout=120):
+    out, _ = p.communicate(timeout=timeout)
+    assert p.returncode == 0, out
+    with open(out_path) as f:
+        return json.load(f)
+
+
+def js(names, position, velocity, effort=None, **kw):
+    m = {"name": names, "position": position, "velocity": velocity}
+    if effort is not None:
+        m["effort"] = effort
+    return {"publish": "/joint_states", "type": "sensor_msgs/msg/JointState", "msg": m, **kw}
+
+
+def twist(vx, wz, **kw):
+    return {"publish": "/cmd_vel", "type": "geometry_msgs/msg/Twist",
+            "msg": {"linear": {"x": vx}, "angular": {"z": wz}}, "expect": "none", "timeout_s": 0.1, **kw}
+
+
+def test_frames_by_joint_name_bad_input_refused_and_counted(netns, tmp_path, continuous_f64_model_path):
+    from control_node.kernels import Policy
+    node, cfg = start_node(tmp_path, continuous_f64_model_path, extra=RECIPE)
+    pol = Policy.load(continuous_f64_model_path)
+    bridge = start_bridge(netns, cfg, continuous_f64_model_path, tmp_path / "bridge")
+    nan = float("nan")
+    good = dict(names=["knee", "extra", "hip"], position=[-0.4, 9.0, 0.1], velocity=[-2.0, 9.0, 1.5])
+    tw = twist(0.3, -0.2)                # republished before each frame: the Twist term stays fresh
+    steps = [
+        js(**good, expect="none", timeout_s=0.3),                               # 0: no Twist yet: never_received
+        {"until_command": [tw, js(**good)], "gap_s": 0.05, "every_s": 0.3, "timeout_s": 20, "settle_s": 0.3},  # 1
+        tw, js(**good),                                                        # 2, 3: joints picked by name
+        tw, js(["hip", "extra"], [0.1, 0.0], [1.5, 0.0], expect="none", timeout_s=0.3),    # 4, 5: knee missing
+        tw, js(["hip", "knee"], [nan, -0.4], [1.5, -2.0], expect="none", timeout_s=0.3),   # 6, 7: NaN, used value
+        tw, js(["knee", "extra", "hip"], [-0.4, nan, 0.1], [-2.0, float("inf"), 1.5]),     # 8, 9: NaN, unused joint
+        tw, js(["hip", "knee"], [0.1], [1.5, -2.0], expect="none", timeout_s=0.3),         # 10, 11: short position
+        tw, js(["hip", "knee"], [0.2, -0.3], [1.0, -1.0], effort=[]),                      # 12, 13: empty effort, unused
+        {"sleep_s": 0.6},                                                                  # 14: the Twist gets stale
+        js(**good, expect="none", timeout_s=0.3),                                          # 15: stale_term
+        tw, js(["hip", "knee"], [0.2, -0.3], [1.0, -1.0]),                                 # 16, 17: fresh again
+    ]
+    peer, out = run_peer(netns, tmp_path, steps)
+    res = peer_result(peer, out)
+    summary, _ = stop_bridge(bridge, tmp_path / "bridge")
+    rc, nout, nerr, run_dir = node.stop()
+    st = res["steps"]
+
+    def want(pos_hip, pos_knee, vel_hip, vel_knee):
+        x = np.array([pos_hip, pos_knee, vel_hip, vel_knee, 0.3, (-0.2 - 0.5) * 2.0])
+        return pol.act(x).tolist()
+
+    assert st[0]["commands"] == []
+    assert st[1]["commands"], "the bridge never answered the handshake"
+    assert st[3]["commands"] == [want(0.1, -0.4, 1.5, -2.0)]     # exact: float64 policy, float64 on the wire
+    for k in (5, 7, 11, 15):
+        assert st[k]["commands"] == [], (k, st[k])                 # no action computed from bad input
+    assert st[9]["commands"] == [want(0.1, -0.4, 1.5, -2.0)]
+    assert st[13]["commands"] == [want(0.2, -0.3, 1.0, -1.0)]
+    assert st[17]["commands"] == [want(0.2, -0.3, 1.0, -1.0)]
+    # every command the peer ever received is the policy's answer to a good observation
+    goods = [want(0.1, -0.4, 1.5, -2.0), want(0.2, -0.3, 1.0, -1.0)]
+    assert all(c in goods for c in res["all_commands"])
+    assert summary["messages_refused"] == {"missing_joint": 1, "non_finite": 1, "short_array": 1}
+    assert summary["frames_withheld"] == {"never_received": 1, "missing_joint": 1, "non_finite": 1,
+                                          "short_array": 1, "stale_term": 1}
+    assert summary["frames_sent"] - 4 >= 1                    # the handshake's frames, then exactly 4
+    assert summary["actions_published"] == summary["frames_sent"]        # one command per answered frame
+    assert summary["safe_actions_published"] == 0
+    with open(os.path.join(run_dir, "summary.json")) as f:
+        ns = json.load(f)
+    assert ns["frames_valid"] == summary["frames_sent"], ns           # the node saw exactly the bridge's frames
+    assert sum(ns.get("rejected", {}).values()) == 0, ns["rejected"]
+
+
+def test_bridge_restart_and_node_restart_are_survived_and_counted(netns, tmp_path, continuous_f64_model_path):
+    from control_node.bench.harness import NodeProcess
+    from control_node.kernels import Policy
+    pol = Policy.load(continuous_f64_model_path)
+    node, cfg = start_node(tmp_path, continuous_f64_model_path, extra=RECIPE)
+    bridge = start_bridge(netns, cfg, continuous_f64_model_path, tmp_path / "bridge1")
+    go1, go2 = tmp_path / "go1", tmp_path / "go2"
+    msgs = [twist(0.3, -0.2), js(["hip", "knee"], [0.2, -0.3], [1.0, -1.0])]
+    steps = [{"until_command": msgs, "every_s": 0.2, "timeout_s": 20},
+             {"wait_file": str(go1), "timeout_s": 60},
+             {"until_command": msgs, "every_s": 0.2, "timeout_s": 30},
+             {"wait_file": str(go2), "timeout_s": 60},
+             {"until_command": msgs, "every_s": 0.2, "timeout_s": 30}]
+    peer, out = run_peer(netns, tmp_path, steps)
+    time.sleep(3.0)                      # the first handshake done: restart the bridge while the node runs
+    first, _ = stop_bridge(bridge, tmp_path / "bridge1")
+    bridge = start_bridge(netns, cfg, continuous_f64_model_path, tmp_path / "bridge2")
+    go1.write_text("go")
+    time.sleep(3.0)
+    # node restart while the bridge runs
+    rc, *_ = node.stop()
+    assert rc == 0
+    node = NodeProcess(cfg, continuous_f64_model_path)
+    go2.write_text("go")
+    res = peer_result(peer, out)
+    second, bout = stop_bridge(bridge, tmp_path / "bridge2")
+    _, _, _, run_dir = node.stop()
+    want = pol.act(np.array([0.2, -0.3, 1.0, -1.0, 0.3, -1.4])).tolist()
+    for k in (0, 2, 4):
+        assert res["steps"][k]["commands"], (k, res["steps"][k], bout)
+        assert all(c == want for c in res["steps"][k]["commands"])
+    assert first["frames_sent"] >= 1 and second["frames_sent"] >= 2
+    assert second["seq_first"] > first["seq_first"] + first["frames_sent"]   # the node takes the new bridge's seq
+    assert second["node_restarts"] == 1
+    with open(os.path.join(run_dir, "summary.json")) as f:
+        ns = json.load(f)
+    assert ns["frames_valid"] >= 1 and sum(ns.get("rejected", {}).values()) == 0, ns
+
+
+@pytest.mark.slow
+def test_launch_pendulum_ros2_balances(netns, tmp_path):
+    """sim (ROS 2 robot) + bridge + node from the packaged config: the pendulum is swung up and held."""
+    p = netns.popen(sys.executable, "-m", "control_node", "launch", "pendulum_ros2", "--duration", "8",
+                    "--run-dir", str(tmp_path / "run"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                    cwd=str(tmp_path))
+    out, _ = p.communicate(timeout=180)
+    assert p.returncode == 0, out
+    with open(tmp_path / "run" / "sim" / "summary.json") as f:
+        ctl = json.load(f)["control"]
+    with open(tmp_path / "run" / "bridge" / "summary.json") as f:
+        br = json.load(f)
+    assert ctl["falls"] == 0 and ctl["time_to_upright_s"] is not None, out
+    assert br["frames_sent"] > 5000 and br["actions_published"] > 0, br
+    assert "falls 0" in out
