@@ -137,6 +137,21 @@ def peer_result(p, out_path, timeout=120):
         return json.load(f)
 
 
+def wait_steps(out_path, n, timeout=60.0):
+    """Until the peer has done ``n`` steps."""
+    deadline = time.monotonic() + timeout
+    prog = f"{out_path}.progress"
+    while time.monotonic() < deadline:
+        try:
+            with open(prog) as f:
+                if int(f.read() or 0) >= n:
+                    return
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.05)
+    raise AssertionError(f"the peer did not finish {n} steps in {timeout:g} s")
+
+
 def js(names, position, velocity, effort=None, **kw):
     m = {"name": names, "position": position, "velocity": velocity}
     if effort is not None:
@@ -217,12 +232,11 @@ def test_bridge_restart_and_node_restart_are_survived_and_counted(netns, tmp_pat
              {"wait_file": str(go2), "timeout_s": 60},
              {"until_command": msgs, "every_s": 0.2, "timeout_s": 30}]
     peer, out = run_peer(netns, tmp_path, steps)
-    time.sleep(3.0)                      # the first handshake done: restart the bridge while the node runs
+    wait_steps(out, 1)                   # answered through the first bridge: restart it while the node runs
     first, _ = stop_bridge(bridge, tmp_path / "bridge1")
     bridge = start_bridge(netns, cfg, continuous_f64_model_path, tmp_path / "bridge2")
     go1.write_text("go")
-    time.sleep(3.0)
-    # node restart while the bridge runs
+    wait_steps(out, 3)                   # answered through the second bridge: restart the node under it
     rc, *_ = node.stop()
     assert rc == 0
     node = NodeProcess(cfg, continuous_f64_model_path)

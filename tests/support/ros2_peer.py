@@ -11,6 +11,7 @@ SCRIPT: {"command_topic": "/cmd", "steps": [...]}; each step one of
 Before the first step it waits until every topic it publishes has a subscriber and the command topic a
 publisher (DDS discovery), so no scripted message is lost to it.
 "expect": "command" waits for the next command (lockstep); "none" waits timeout_s and records any that came.
+OUT.progress holds the number of steps done so far.
 OUT: {"steps": [{"i": k, "commands": [[...data...], ...], "waited_s": ...}, ...]}. Floats as JSON (NaN allowed).
 Run it in a private network namespace with ROS_AUTOMATIC_DISCOVERY_RANGE=LOCALHOST and a private ROS_DOMAIN_ID.
 """
@@ -122,6 +123,8 @@ def main(script_path, out_path):
             rec["commands"] = got[n0:]
         rec["waited_s"] = time.monotonic() - t0
         out.append(rec)
+        with open(out_path + ".progress", "w") as f:     # steps done, for a test that acts between steps
+            f.write(str(i + 1))
     stop.set()
     th.join(2.0)
     with open(out_path, "w") as f:
