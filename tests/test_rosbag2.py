@@ -56,24 +56,26 @@ def setup(tmp_path_factory, make_continuous_spec):
     cfg = d / "node.toml"
     write_node_config(cfg, ep, extra="\n" + ros2_section())
     node = NodeProcess(cfg, model, "--run-dir", d / "node")
-    rec = subprocess.Popen([sys.executable, "-m", "control_node", "record", "--config", str(cfg), "--out",
-                            str(d / "rec.mcap")], cwd=CHILD_CWD, env=child_env(), stdout=subprocess.PIPE,
-                           stderr=subprocess.STDOUT, text=True)
-    assert rec.stdout.readline().startswith("recording to ")
-    eps = client_endpoints(str(cfg))
-    loop = engine.ClosedLoop(eps, tap=eps["sensor_tap"])
-    try:
-        time.sleep(0.5)                     # the recorder's SUB joins the freshly bound tap
-        res = loop.run(pendulum_stream(), lockstep=True)    # every frame answered, whatever the host's load
+    try:                                    # a failed setup must not leave the node spinning
+        rec = subprocess.Popen([sys.executable, "-m", "control_node", "record", "--config", str(cfg), "--out",
+                                str(d / "rec.mcap")], cwd=CHILD_CWD, env=child_env(), stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True)
+        assert rec.stdout.readline().startswith("recording to ")
+        eps = client_endpoints(str(cfg))
+        loop = engine.ClosedLoop(eps, tap=eps["sensor_tap"])
+        try:
+            time.sleep(0.5)                     # the recorder's SUB joins the freshly bound tap
+            res = loop.run(pendulum_stream(), lockstep=True)    # every frame answered, whatever the host's load
+        finally:
+            loop.close()
+        time.sleep(0.3)
+        rec.send_signal(signal.SIGINT)
+        out, _ = rec.communicate(timeout=10)
+        assert rec.returncode == 0, out
+        assert (res["rtt_ns"] >= 0).sum() >= N_FRAMES - 5
+        yield {"dir": d, "cfg": cfg, "model": model, "mcap": d / "rec.mcap", "node": node}
     finally:
-        loop.close()
-    time.sleep(0.3)
-    rec.send_signal(signal.SIGINT)
-    out, _ = rec.communicate(timeout=10)
-    assert rec.returncode == 0, out
-    assert (res["rtt_ns"] >= 0).sum() >= N_FRAMES - 5
-    yield {"dir": d, "cfg": cfg, "model": model, "mcap": d / "rec.mcap", "node": node}
-    node.stop()
+        node.stop()
 
 
 def recorded(path):
