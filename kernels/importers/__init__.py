@@ -380,11 +380,15 @@ def describe(spec, proof) -> str:
     for w in r.get("warnings", []):
         lines.append(f"  warning       {w}")
     seqs = f" in {len(proof['sequences'])} sequences (state carried)" if proof.get("sequences") else ""
-    lines.append(f"proved against {proof['reference']} on {proof['samples']} observations{seqs}: max |error| "
+    # edge samples: where clips, saturations and squashes act (proof.edge_samples)
+    edges = f" + {proof['edge_samples']} edge samples" if proof.get("edge_samples") else ""
+    lines.append(f"proved against {proof['reference']} on {proof['samples']} observations{edges}{seqs}: max |error| "
                  f"{proof['max_abs_err']:.3g} (tolerance {proof['tolerance']})")
     k = proof.get("kernel")
     if isinstance(k, dict):
-        lines.append(f"compiled kernel matches the numpy reference on {k['samples']} observations (rtol {k['rtol']:g})")
+        kedges = f" + {k['edge_samples']} edge samples" if k.get("edge_samples") else ""
+        lines.append(f"compiled kernel matches the numpy reference on {k['samples']} observations{kedges} "
+                     f"(rtol {k['rtol']:g})")
     else:
         lines.append(f"compiled kernel: {k}")
     return "\n".join(lines)
