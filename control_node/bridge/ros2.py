@@ -61,6 +61,7 @@ class ActionWriter:
         self.cls = classes[spec.type]
         self.point_cls = classes.get("trajectory_msgs/msg/JointTrajectoryPoint")
         self.duration_cls = classes.get("builtin_interfaces/msg/Duration")
+        self.stamped = spec.type != "std_msgs/msg/Float64MultiArray"     # a header to stamp
 
     def build(self, u, stamp=None):
         s = self.spec
@@ -179,7 +180,7 @@ class Bridge:
                     continue
                 self.last_key = key
                 if self.action_pub is not None:
-                    stamp = self.node.get_clock().now().to_msg()
+                    stamp = self.node.get_clock().now().to_msg() if self.writer.stamped else None
                     self.action_pub.publish(self.writer.build(u, stamp))
                     self.actions_published += 1
                     self.safe_published += safe

@@ -14,6 +14,8 @@ BENCHMARKS = {
     "replay": "lockstep replay throughput through the node vs a bare pyzmq echo",
     "soak": "long run at 1 kHz with the simulator: RSS, file descriptors, misses",
     "switch": "1000 policy switches during a 1 kHz run vs none, side by side; the shadow policy's cost per shape",
+    "bridge": "ROS 2 round trip through bridge ros2 + the node (sensor and timer clock) vs a plain rclpy echo node; "
+              "bridge CPU, node misses with and without it",
     "isolation": "the launch demo with [realtime] isolate off and on, and cyclictest under the same load; why late",
 }
 
