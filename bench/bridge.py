@@ -113,9 +113,8 @@ def main(argv=None) -> int:
     ap.add_argument("--rate", type=float, default=1000.0, help="ping slots per second (default: %(default)s)")
     ap.add_argument("--out", default=os.path.join("bench", "results", "bridge.json"), help="JSON results")
     args = ap.parse_args(argv)
-    try:
-        import rclpy  # noqa: F401
-    except ImportError:
+    import importlib.util
+    if importlib.util.find_spec("rclpy") is None:         # the ROS 2 processes are children; this one never imports it
         from control_node.bridge.recipe import INSTALL
         print(f"bench bridge: rclpy is missing. Install: {INSTALL}", file=sys.stderr)
         return 2
