@@ -6,7 +6,8 @@ Every ROS 2 process runs in a private network namespace with only `lo` (created 
 it (it never speaks ROS 2; ipc sockets are files). Cases, each --pings ping-pongs at --rate Hz
 (`bench/peers/ros2.py ping`: publish a JointState, wait for the command, next at the next slot):
 
-  echo            a plain rclpy node: JointState in, Float64MultiArray out from its callback (the floor)
+  echo            a plain rclpy node: JointState in, Float64MultiArray out from its callback (the floor), with
+                  rclpy.spin's default executor (the ratios' base) and with the EventsExecutor the bridge uses
   bridge sensor   bridge + node, `[loop] clock = "sensor"` (the node answers each frame when it arrives)
   bridge timer    bridge + node, 1 kHz timer clock (the answer waits for the next tick: +0.5 ms on average)
   zmq timer       no ROS 2: the same node and policy, pinged over its own ZeroMQ protocol (node misses
@@ -33,6 +34,7 @@ import numpy as np
 
 from control_node.bench.common import machine_info, machine_lines, save_raw, write_json
 from control_node.bench.harness import CHILD_CWD, NodeProcess, child_env, write_node_config
+from control_node.bench.switch import why_late_brief
 
 
 def ros2_section():
@@ -133,22 +135,24 @@ def main(argv=None) -> int:
         Policy.load(model)
         others = set(os.sched_getaffinity(0))
 
-        # echo: the floor, no node
-        echo = ns.popen(sys.executable, "-m", "control_node.bench.peers.ros2", "echo", stdout=subprocess.PIPE,
-                        stderr=subprocess.STDOUT)
-        wait_line(echo, "ready echo")
-        raw["echo"] = ping(ns, tmp, "echo", args.pings, args.rate, None)
-        echo.send_signal(signal.SIGINT)
-        echo.communicate(timeout=20)
-        rows["echo (rclpy)"] = {**rtt_row(raw["echo"]), "cpu": None, "misses": None}
-        print(f"echo: p50 {rows['echo (rclpy)']['p50']:.0f} us", flush=True)
+        # echo: the floor, no node; with rclpy.spin's default executor and with the bridge's EventsExecutor
+        for tag, name, extra in (("echo", "echo (rclpy)", []), ("echo_events", "echo (rclpy, EventsExecutor)",
+                                                                 ["events"])):
+            echo = ns.popen(sys.executable, "-m", "control_node.bench.peers.ros2", "echo", *extra,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+            wait_line(echo, "ready echo")
+            raw[tag] = ping(ns, tmp, tag, args.pings, args.rate, None)
+            echo.send_signal(signal.SIGINT)
+            echo.communicate(timeout=20)
+            rows[name] = {**rtt_row(raw[tag]), "cpu": None, "misses": None}
+            print(f"{name}: p50 {rows[name]['p50']:.0f} us", flush=True)
 
         for clock in ("sensor", "timer"):
             d = os.path.join(tmp, clock)
             os.makedirs(d, mode=0o700)
             cfg = os.path.join(d, "node.toml")
             write_node_config(cfg, d, f'[loop]\nclock = "{clock}"\n[watchdog]\nstale_after_ms = 100.0\n'
-                              + ros2_section())
+                              '[diagnostics]\nattribution = true\n' + ros2_section())
             node = NodeProcess(cfg, model, "--quiet", "--run-dir", os.path.join(d, "run"), ready_timeout=60)
             off = cores_off_loop(node.ready_line)
             cpus = off[1] if off else others
@@ -169,6 +173,7 @@ def main(argv=None) -> int:
             rows[f"bridge + node, {clock} clock"] = {
                 **rtt_row(raw[f"bridge_{clock}"]), "cpu": bs["cpu_share"],
                 "misses": nsum.get("deadline_misses") if clock == "timer" else None,
+                "why_late": why_late_brief(nsum) if clock == "timer" else None,
                 "callback_p99_us": (bs.get("callback_latency_ns") or {}).get("p99", 0) / 1e3}
             print(f"bridge {clock}: p50 {rows[f'bridge + node, {clock} clock']['p50']:.0f} us", flush=True)
 
@@ -176,7 +181,8 @@ def main(argv=None) -> int:
         d = os.path.join(tmp, "zmq")
         os.makedirs(d, mode=0o700)
         cfg = os.path.join(d, "node.toml")
-        write_node_config(cfg, d, '[loop]\nclock = "timer"\n[watchdog]\nstale_after_ms = 100.0\n')
+        write_node_config(cfg, d, '[loop]\nclock = "timer"\n[watchdog]\nstale_after_ms = 100.0\n'
+                          '[diagnostics]\nattribution = true\n')
         node = NodeProcess(cfg, model, "--quiet", "--run-dir", os.path.join(d, "run"), ready_timeout=60)
         try:
             raw["zmq_timer"] = _zmq_ping(node.endpoints, args.pings, args.rate)
@@ -185,7 +191,8 @@ def main(argv=None) -> int:
         with open(os.path.join(run_dir, "summary.json")) as f:
             nsum = json.load(f)
         rows["zmq client + node, timer clock (no ROS 2)"] = {**rtt_row(raw["zmq_timer"]), "cpu": None,
-                                                              "misses": nsum.get("deadline_misses")}
+                                                              "misses": nsum.get("deadline_misses"),
+                                                              "why_late": why_late_brief(nsum)}
     e = rows["echo (rclpy)"]
     print(f"\nround trip JointState -> command, {args.pings} ping-pongs at {args.rate:g} Hz slots "
           "(us; ratio = / echo)")
@@ -199,6 +206,9 @@ def main(argv=None) -> int:
         mis = "" if r["misses"] is None else str(r["misses"])
         print(f"{name:44s} {r['p50']:7.0f} {r['p99']:7.0f} {r['p999']:7.0f} {r['max']:8.0f} {r['lost']:5d} "
               f"{r['p50'] / e['p50']:6.2f} {r['p99'] / e['p99']:6.2f} {cpu:>10s} {mis:>6s}")
+    for name, r in rows.items():
+        if r.get("why_late") and r["why_late"].get("text"):
+            print(f"why late ({name}): {r['why_late']['text']}")
     payload = {"benchmark": "bridge", "machine": info, "settings": vars(args), "rows": rows,
                "raw": save_raw("bridge", raw)}
     write_json(args.out, payload)

@@ -1,7 +1,7 @@
 """ROS 2 peers for `control-node bench bridge` (real rclpy processes; run them in a private network namespace).
 
-    python -m control_node.bench.peers.ros2 echo
-        a plain rclpy echo node: JointState on /joint_states in, Float64MultiArray [position...] out on
+    python -m control_node.bench.peers.ros2 echo [events]
+        a plain rclpy echo node (rclpy.spin's default executor, or the EventsExecutor the bridge uses): JointState on /joint_states in, Float64MultiArray [position...] out on
         /pendulum_controller/commands, from the subscription callback (the floor a bridge is compared with)
     python -m control_node.bench.peers.ros2 ping N RATE_HZ OUT.npz
         ping-pong: publish a JointState (joint "theta"), wait for the next command, record the round trip
@@ -25,7 +25,7 @@ def _qos():
     return qos_profile_sensor_data, QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE)
 
 
-def echo():
+def echo(executor="default"):
     import rclpy
     from sensor_msgs.msg import JointState
     from std_msgs.msg import Float64MultiArray
@@ -41,9 +41,17 @@ def echo():
 
     node.create_subscription(JointState, STATE, cb, sensor)
     print("ready echo", flush=True)
+    if executor == "events":
+        from rclpy.experimental import EventsExecutor
+        ex = EventsExecutor()
+    else:
+        from rclpy.executors import SingleThreadedExecutor
+        ex = SingleThreadedExecutor()
+    ex.add_node(node)
     try:
-        rclpy.spin(node)
-    except (KeyboardInterrupt, Exception):      # noqa: BLE001 - SIGINT shuts the context down
+        while rclpy.ok():                 # as the bridge spins
+            ex.spin_once(timeout_sec=0.05)
+    except KeyboardInterrupt:
         pass
 
 
@@ -111,6 +119,6 @@ def ping(n, rate_hz, out_path):
 
 if __name__ == "__main__":
     if sys.argv[1] == "echo":
-        echo()
+        echo(*sys.argv[2:3])
     else:
         ping(int(sys.argv[2]), float(sys.argv[3]), sys.argv[4])

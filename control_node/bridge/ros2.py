@@ -53,6 +53,17 @@ def qos_profile(name: str):
                       durability=DurabilityPolicy.VOLATILE)
 
 
+def make_executor():
+    """rclpy's EventsExecutor where it exists (a C++ event queue: at 1 kHz the bridge used 20 % of a core with it,
+    32 % with the wait-set executor, `bench bridge`), else the SingleThreadedExecutor."""
+    try:
+        from rclpy.experimental import EventsExecutor
+        return EventsExecutor()
+    except ImportError:
+        from rclpy.executors import SingleThreadedExecutor
+        return SingleThreadedExecutor()
+
+
 class ActionWriter:
     """Builds the ROS 2 message for an action vector ``u`` (one definition for live and bag output)."""
 
@@ -189,7 +200,6 @@ class Bridge:
 
     def run(self, duration_s=None, status_every_s=0.0, ready=print):
         rclpy = self.rclpy
-        from rclpy.executors import SingleThreadedExecutor
         os.environ.setdefault("ROS_DOMAIN_ID", str(self.recipe.domain_id))
         ctx_args = {"domain_id": self.recipe.domain_id}
         rclpy.init(**ctx_args)
@@ -209,7 +219,7 @@ class Bridge:
                 self.action_pub = self.node.create_publisher(classes[a.type], a.topic, qos_profile(a.qos))
             th = threading.Thread(target=self._actions, name="actions", daemon=True)
             th.start()
-            ex = SingleThreadedExecutor()
+            ex = make_executor()
             ex.add_node(self.node)
             self.t_start_ns = time.monotonic_ns()
             self.cpu_start = time.process_time()
