@@ -189,7 +189,7 @@ def summary_lines(run_dir, driver):
                      f"round trip p50 {ms(rt.get('p50'))} p99 {ms(rt.get('p99'))}")
         if isinstance(sim.get("control"), dict) and sim["control"].get("line"):
             lines.append(f"{driver}: {sim['control']['line']}")          # the closed loop's score
-    else:
+    elif driver != "robot":
         lines.append(f"{driver}: no summary.json")
     br = _load_json(os.path.join(run_dir, "bridge", "summary.json"))
     if br:
@@ -274,13 +274,21 @@ def launch(config=None, duration=None, record=None, run_dir=None, ensure_model=N
         children.append(Child("bridge", br_cmd, bool(br_cfg.get("restart", False)), ready_prefix="ready bridge",
                               env=env))
     driver = "replay" if use_replay else "sim"
-    if use_replay:
+    # a real robot instead of the simulator ([children.sim] enabled = false, with [launch] bridge): no
+    # driver child; the run lasts `duration`
+    no_driver = sim_cfg.get("enabled", True) is False and not use_replay
+    if no_driver and bridge is None:
+        raise UserError(f"{config}: [children.sim] enabled = false leaves nothing to drive the node: add "
+                        "[launch] bridge = \"ros2\" (a real robot) or enable the sim")
+    if no_driver:
+        driver = None
+    elif use_replay:
         if not rep_cfg.get("file"):
             raise UserError(f"{config}: [children.replay] needs file = \"recording.mcap\"")
         d_cmd = py + ["replay", str(rep_cfg["file"]), "--config", config, "--run-dir", os.path.join(run_dir, driver),
                       *map(str, rep_cfg.get("args", []))]
         d_restart = bool(rep_cfg.get("restart", False))
-    else:
+    elif not no_driver:
         sim_args = [str(a) for a in sim_cfg.get("args", [])]
         d_cmd = py + ["sim", *sim_args, "--config", config,
                       "--run-dir", os.path.join(run_dir, driver), "--duration", f"{duration:g}"]
@@ -288,9 +296,10 @@ def launch(config=None, duration=None, record=None, run_dir=None, ensure_model=N
             # a continuous policy: the sim streams its observation width and checks its actions
             d_cmd += ["--model", os.path.abspath(model)]
         d_restart = bool(sim_cfg.get("restart", False))
-    if use_record:
+    if use_record and driver:
         d_cmd.append("--tap")
-    children.append(Child(driver, d_cmd, d_restart, env=env))
+    if driver:
+        children.append(Child(driver, d_cmd, d_restart, env=env))
 
     stop = threading.Event()
     old = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
@@ -320,13 +329,15 @@ def launch(config=None, duration=None, record=None, run_dir=None, ensure_model=N
                         f"{', '.join(o.name for o in children[1:])} on cores {_cores(off[1])}")
                     for o in children[1:]:
                         o.cpus = off[1]
-        t_end = time.monotonic() + duration + 15.0  # the driver stops itself after `duration`; this is a backstop
+        # the driver stops itself after `duration` (+15 s is a backstop); without one, `duration` is the run
+        t_end = time.monotonic() + duration + (15.0 if driver else 0.0)
         while not stop.is_set() and not rc:
             if time.monotonic() >= t_end:
-                say(f"{driver} still running after {duration:g} s + 15 s: stopping everything")
+                if driver:
+                    say(f"{driver} still running after {duration:g} s + 15 s: stopping everything")
                 break
-            drv = children[-1]
-            if drv.proc is not None and drv.proc.poll() == 0:
+            drv = children[-1] if driver else None
+            if drv is not None and drv.proc is not None and drv.proc.poll() == 0:
                 break  # normal end
             for c in started:
                 code = c.proc.poll()
@@ -356,7 +367,7 @@ def launch(config=None, duration=None, record=None, run_dir=None, ensure_model=N
         remove_stale_sockets(eps)
         for s, h in old.items():
             signal.signal(s, h)
-    for line in summary_lines(run_dir, driver):
+    for line in summary_lines(run_dir, driver or "robot"):
         say(line)
     if use_record:
         say(f"recording: {os.path.join(run_dir, 'record', 'recording.mcap')}")

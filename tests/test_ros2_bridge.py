@@ -271,3 +271,38 @@ def test_launch_pendulum_ros2_balances(netns, tmp_path):
     assert ctl["falls"] == 0 and ctl["time_to_upright_s"] is not None, out
     assert br["frames_sent"] > 5000 and br["actions_published"] > 0, br
     assert "falls 0" in out
+
+
+@pytest.mark.slow
+def test_launch_beside_a_robot_of_its_own(netns, tmp_path):
+    """`[children.sim] enabled = false` + `[launch] bridge`: launch starts node and bridge only; the robot (here
+    the ROS 2 pendulum, started on its own as a real robot would be) is met through ROS 2 alone."""
+    from control_node.endpoints import default_config
+    text = open(default_config("pendulum_ros2.toml")).read()
+    text = text.replace('args = ["pendulum", "--ros2"]', 'args = ["pendulum", "--ros2"]\nenabled = false')
+    text = text.replace('model = "models/pendulum.npz"', f'model = "{tmp_path}/models/pendulum.npz"')
+    text = text.replace('duration = 10.0', 'duration = 14.0')
+    cfg = tmp_path / "robot.toml"
+    cfg.write_text(text)
+    launch = netns.popen(sys.executable, "-m", "control_node", "launch", str(cfg), "--run-dir", str(tmp_path / "run"),
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=str(tmp_path))
+    lines = []
+    for line in launch.stdout:
+        lines.append(line)
+        if "ready bridge" in line:
+            break
+    assert any("ready bridge" in ln for ln in lines), "".join(lines)
+    assert not any("starting sim" in ln for ln in lines), "".join(lines)
+    robot = netns.popen(sys.executable, "-m", "control_node", "sim", "pendulum", "--ros2", "--duration", "6",
+                        "--run-dir", str(tmp_path / "robot"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    rout, _ = robot.communicate(timeout=120)
+    out, _ = launch.communicate(timeout=120)
+    out = "".join(lines) + out
+    assert robot.returncode == 0 and launch.returncode == 0, rout + out
+    with open(tmp_path / "robot" / "summary.json") as f:
+        ctl = json.load(f)["control"]
+    with open(tmp_path / "run" / "bridge" / "summary.json") as f:
+        br = json.load(f)
+    assert ctl["falls"] == 0 and ctl["time_to_upright_s"] is not None, rout
+    assert br["frames_sent"] >= 5000 and br["actions_published"] > 0, br
+    assert "robot: no summary.json" not in out and "sim: no summary.json" not in out

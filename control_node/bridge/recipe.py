@@ -163,7 +163,6 @@ def _term(path, i, raw, default_qos) -> Term:
         k = OBS_TYPES[typ].get(head)
         if k in COMPONENTS and comp in COMPONENTS[k]:
             kind, component = SCALAR, comp
-            fld = fld
     if kind is None:
         comps = [f"{f}.{c}" for f, k in OBS_TYPES[typ].items() if k in COMPONENTS for c in COMPONENTS[k]]
         raise _bad(path, f"{key}.field", f"{typ} has no field {fld!r} the bridge reads",
@@ -415,12 +414,8 @@ def read_term(term: Term, msg, out: np.ndarray) -> None:
             if len(data) != term.size:
                 raise Refused("wrong_length", f"{term.topic} data has {len(data)} values, size is {term.size}")
             vals = _finite([float(v) for v in data], term)
-        elif term.component is not None:
+        else:                                  # a scalar field, or one component ("angular.z")
             vals = _finite([float(_get(msg, term.field))], term)
-        else:
-            vals = _finite([float(_get(msg, term.field))], term)
-    except Refused:
-        raise
     except (AttributeError, TypeError, ValueError) as e:     # a message of another shape than its type says
         raise Refused("bad_message", f"{term.topic}: {e}") from None
     v = np.asarray(vals, dtype=np.float64)
