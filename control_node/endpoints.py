@@ -69,6 +69,12 @@ def derive_control(sensor_ep: str) -> str:
     return _beside_sensor(sensor_ep, "_control", 200, "set [endpoints] control")
 
 
+def derive_bridge_diagnostics(sensor_ep: str) -> str:
+    """Where a bridge publishes its counters (``top`` shows them): ``<sensor ipc path>_bridge``, or the
+    sensor's TCP port + 300."""
+    return _beside_sensor(sensor_ep, "_bridge", 300, "set [endpoints] sensor")
+
+
 def tcp_host(endpoint: str) -> str | None:
     """The host part of a tcp:// endpoint (``tcp://HOST:PORT``, ``tcp://[v6]:PORT``), else None."""
     if not endpoint.startswith("tcp://"):

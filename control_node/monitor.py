@@ -290,3 +290,12 @@ def top_renderable(diag: dict, endpoint: str, prev: dict | None = None, age_s: f
                         str(f.get("detail", "")))
         parts.append(rtt)
     return Group(*parts)
+
+
+def bridge_line(msg: dict) -> str:
+    """One line of a bridge's counters (its ``role = "bridge"`` messages, about 2 Hz) for ``top``."""
+    wh = ", ".join(f"{k} {v}" for k, v in (msg.get("frames_withheld") or {}).items()) or "none"
+    lat = msg.get("callback_p99_us")
+    return (f"bridge ({msg.get('kind', '?')}): frames sent {msg.get('frames_sent', 0)}, withheld {wh}; actions "
+            f"published {msg.get('actions_published', 0)} (safe {msg.get('safe_actions_published', 0)}); "
+            f"callback p99 {'n/a' if lat is None else f'{lat:.0f} us'}; node restarts {msg.get('node_restarts', 0)}")

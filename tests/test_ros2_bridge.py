@@ -187,9 +187,15 @@ def test_frames_by_joint_name_bad_input_refused_and_counted(netns, tmp_path, con
     ]
     peer, out = run_peer(netns, tmp_path, steps)
     res = peer_result(peer, out)
+    top = subprocess.run([sys.executable, "-m", "control_node", "top", "--once", "--config", str(cfg)], cwd=ROOT,
+                         capture_output=True, text=True, timeout=60, env={**CHILD_ENV, "COLUMNS": "200"})
     summary, _ = stop_bridge(bridge, tmp_path / "bridge")
     rc, nout, nerr, run_dir = node.stop()
     st = res["steps"]
+    # `top` shows the bridge's counters under the node's table, the same as its summary
+    line = [ln for ln in top.stdout.splitlines() if ln.startswith("bridge (ros2)")]
+    assert top.returncode == 0 and line, top.stdout + top.stderr
+    assert f"frames sent {summary['frames_sent']}," in line[0] and "stale_term 1" in line[0], line
 
     def want(pos_hip, pos_knee, vel_hip, vel_knee):
         x = np.array([pos_hip, pos_knee, vel_hip, vel_knee, 0.3, (-0.2 - 0.5) * 2.0])

@@ -120,6 +120,20 @@ class Bridge:
         configure_client(self.sub, curve)
         self.sub.connect(endpoints["action"])
         self.endpoints = endpoints
+        # counters for `control-node top`, on a PUB beside the node's sockets (ipc only: a tcp one would need
+        # its own CURVE keys)
+        self.diag, self.diag_endpoint = None, None
+        if endpoints["sensor"].startswith("ipc://"):
+            from control_node.endpoints import derive_bridge_diagnostics
+            self.diag_endpoint = derive_bridge_diagnostics(endpoints["sensor"])
+            self.diag = ctx.socket(zmq.PUB)
+            self.diag.setsockopt(zmq.LINGER, 0)
+            try:
+                self.diag.bind(self.diag_endpoint)
+            except zmq.ZMQError as e:
+                print(f"bridge: counters not published on {self.diag_endpoint} ({e})", flush=True)
+                self.diag.close()
+                self.diag = None
         # frames' seq continue across a bridge restart: the node refuses a seq that goes backwards, and
         # CLOCK_MONOTONIC in us at start grows faster than any frame rate below 1 MHz
         self.seq = int(seq_base if seq_base is not None else time.monotonic_ns() // 1000)
@@ -227,9 +241,13 @@ class Bridge:
                   f"sensor={self.endpoints['sensor']} action={self.endpoints['action']}: {self.recipe.describe()}")
             t_end = None if duration_s is None else time.monotonic() + duration_s
             next_status = time.monotonic() + status_every_s if status_every_s > 0 else None
+            next_diag = time.monotonic()
             while not self.stop.is_set() and rclpy.ok():
                 ex.spin_once(timeout_sec=0.05)
                 now = time.monotonic()
+                if self.diag is not None and now >= next_diag:
+                    next_diag = now + 0.5
+                    self._publish_counters()
                 if t_end is not None and now >= t_end:
                     break
                 if next_status is not None and now >= next_status:
@@ -252,6 +270,24 @@ class Bridge:
                 pass
             self.pub.close()
             self.sub.close()
+            if self.diag is not None:
+                self.diag.close()
+                from control_node.endpoints import ipc_path
+                p = ipc_path(self.diag_endpoint)
+                if p and os.path.exists(p):
+                    os.unlink(p)
+
+    def _publish_counters(self):
+        import msgpack
+        n = min(self.n_lat, LATENCY_RING)
+        recent = self.lat[max(0, n - 2000):n] if self.n_lat <= LATENCY_RING else self.lat
+        msg = {"role": "bridge", "kind": "ros2", **self.asm.counters(), "actions_published": self.actions_published,
+               "safe_actions_published": self.safe_published, "node_restarts": self.node_restarts,
+               "callback_p99_us": float(np.percentile(recent, 99)) / 1e3 if len(recent) else None}
+        try:
+            self.diag.send(msgpack.packb(msg), self.zmq.NOBLOCK)
+        except self.zmq.Again:
+            pass
 
     def status_line(self) -> str:
         c = self.asm.counters()
