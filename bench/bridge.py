@@ -113,6 +113,9 @@ def main(argv=None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--pings", type=int, default=3000, help="round trips per case (default: %(default)s)")
     ap.add_argument("--rate", type=float, default=1000.0, help="ping slots per second (default: %(default)s)")
+    ap.add_argument("--miss-rounds", type=int, default=3, metavar="R",
+                    help="then R alternating timer-clock runs with and without the bridge, for the node's deadline "
+                         "misses and their why-late causes (default: %(default)s)")
     ap.add_argument("--out", default=os.path.join("bench", "results", "bridge.json"), help="JSON results")
     args = ap.parse_args(argv)
     import importlib.util
@@ -147,8 +150,8 @@ def main(argv=None) -> int:
             rows[name] = {**rtt_row(raw[tag]), "cpu": None, "misses": None}
             print(f"{name}: p50 {rows[name]['p50']:.0f} us", flush=True)
 
-        for clock in ("sensor", "timer"):
-            d = os.path.join(tmp, clock)
+        def bridge_case(clock, tag):
+            d = os.path.join(tmp, tag)
             os.makedirs(d, mode=0o700)
             cfg = os.path.join(d, "node.toml")
             write_node_config(cfg, d, f'[loop]\nclock = "{clock}"\n[watchdog]\nstale_after_ms = 100.0\n'
@@ -161,7 +164,7 @@ def main(argv=None) -> int:
                           stderr=subprocess.STDOUT)
             wait_line(br, "ready bridge")
             try:
-                raw[f"bridge_{clock}"] = ping(ns, tmp, f"bridge-{clock}", args.pings, args.rate, cpus)
+                rtt = ping(ns, tmp, tag, args.pings, args.rate, cpus)
             finally:
                 br.send_signal(signal.SIGINT)
                 br.communicate(timeout=30)
@@ -170,29 +173,40 @@ def main(argv=None) -> int:
                 bs = json.load(f)
             with open(os.path.join(run_dir, "summary.json")) as f:
                 nsum = json.load(f)
-            rows[f"bridge + node, {clock} clock"] = {
-                **rtt_row(raw[f"bridge_{clock}"]), "cpu": bs["cpu_share"],
-                "misses": nsum.get("deadline_misses") if clock == "timer" else None,
-                "why_late": why_late_brief(nsum) if clock == "timer" else None,
-                "callback_p99_us": (bs.get("callback_latency_ns") or {}).get("p99", 0) / 1e3}
-            print(f"bridge {clock}: p50 {rows[f'bridge + node, {clock} clock']['p50']:.0f} us", flush=True)
+            return rtt, {**rtt_row(rtt), "cpu": bs["cpu_share"],
+                         "misses": nsum.get("deadline_misses") if clock == "timer" else None,
+                         "why_late": why_late_brief(nsum) if clock == "timer" else None,
+                         "callback_p99_us": (bs.get("callback_latency_ns") or {}).get("p99", 0) / 1e3}
 
-        # the node alone over ZeroMQ, timer clock: misses without the bridge
-        d = os.path.join(tmp, "zmq")
-        os.makedirs(d, mode=0o700)
-        cfg = os.path.join(d, "node.toml")
-        write_node_config(cfg, d, '[loop]\nclock = "timer"\n[watchdog]\nstale_after_ms = 100.0\n'
-                          '[diagnostics]\nattribution = true\n')
-        node = NodeProcess(cfg, model, "--quiet", "--run-dir", os.path.join(d, "run"), ready_timeout=60)
-        try:
-            raw["zmq_timer"] = _zmq_ping(node.endpoints, args.pings, args.rate)
-        finally:
-            _, _, _, run_dir = node.stop()
-        with open(os.path.join(run_dir, "summary.json")) as f:
-            nsum = json.load(f)
-        rows["zmq client + node, timer clock (no ROS 2)"] = {**rtt_row(raw["zmq_timer"]), "cpu": None,
-                                                              "misses": nsum.get("deadline_misses"),
-                                                              "why_late": why_late_brief(nsum)}
+        def zmq_case(tag):
+            """The node alone over ZeroMQ, timer clock: misses without the bridge."""
+            d = os.path.join(tmp, tag)
+            os.makedirs(d, mode=0o700)
+            cfg = os.path.join(d, "node.toml")
+            write_node_config(cfg, d, '[loop]\nclock = "timer"\n[watchdog]\nstale_after_ms = 100.0\n'
+                              '[diagnostics]\nattribution = true\n')
+            node = NodeProcess(cfg, model, "--quiet", "--run-dir", os.path.join(d, "run"), ready_timeout=60)
+            try:
+                rtt = _zmq_ping(node.endpoints, args.pings, args.rate)
+            finally:
+                _, _, _, run_dir = node.stop()
+            with open(os.path.join(run_dir, "summary.json")) as f:
+                nsum = json.load(f)
+            return rtt, {**rtt_row(rtt), "cpu": None, "misses": nsum.get("deadline_misses"),
+                         "why_late": why_late_brief(nsum)}
+
+        for clock in ("sensor", "timer"):
+            raw[f"bridge_{clock}"], rows[f"bridge + node, {clock} clock"] = bridge_case(clock, f"bridge-{clock}")
+            print(f"bridge {clock}: p50 {rows[f'bridge + node, {clock} clock']['p50']:.0f} us", flush=True)
+        raw["zmq_timer"], rows["zmq client + node, timer clock (no ROS 2)"] = zmq_case("zmq")
+        # misses with and without the bridge, alternating (a host stall lands in either)
+        rounds = []
+        for k in range(args.miss_rounds):
+            _, with_b = bridge_case("timer", f"miss-bridge-{k}")
+            _, without = zmq_case(f"miss-zmq-{k}")
+            rounds.append({"with_bridge": {"misses": with_b["misses"], "why_late": with_b["why_late"]},
+                           "without": {"misses": without["misses"], "why_late": without["why_late"]}})
+            print(f"misses round {k + 1}: with the bridge {with_b['misses']}, without {without['misses']}", flush=True)
     e = rows["echo (rclpy)"]
     print(f"\nround trip JointState -> command, {args.pings} ping-pongs at {args.rate:g} Hz slots "
           "(us; ratio = / echo)")
@@ -209,7 +223,15 @@ def main(argv=None) -> int:
     for name, r in rows.items():
         if r.get("why_late") and r["why_late"].get("text"):
             print(f"why late ({name}): {r['why_late']['text']}")
-    payload = {"benchmark": "bridge", "machine": info, "settings": vars(args), "rows": rows,
+    if rounds:
+        print(f"\nnode deadline misses, timer clock, {args.pings} pings per run, alternating runs:")
+        for k, r in enumerate(rounds):
+            for side in ("with_bridge", "without"):
+                wl = (r[side]["why_late"] or {}).get("text") or ""
+                print(f"  round {k + 1} {side.replace('_', ' '):12s} {r[side]['misses']:3d}  {wl}")
+        tot = {side: sum(r[side]["misses"] or 0 for r in rounds) for side in ("with_bridge", "without")}
+        print(f"  total: with the bridge {tot['with_bridge']}, without {tot['without']}")
+    payload = {"benchmark": "bridge", "machine": info, "settings": vars(args), "rows": rows, "miss_rounds": rounds,
                "raw": save_raw("bridge", raw)}
     write_json(args.out, payload)
     print(f"results: {args.out}")
