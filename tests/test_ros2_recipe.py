@@ -247,3 +247,31 @@ def test_run_accepts_the_same_config_file():
     from control_node.endpoints import default_config
     cfg = load_config(default_config("pendulum_ros2.toml"))
     assert cfg["loop"]["rate_hz"] == 1000.0
+
+
+@pytest.mark.parametrize("typ, field", [("std_msgs/msg/Float64MultiArray", "data"),
+                                        ("sensor_msgs/msg/JointState", "effort"),
+                                        ("trajectory_msgs/msg/JointTrajectory", "positions")])
+def test_action_messages_built_with_rclpys_classes(typ, field):
+    """The action message of each type, built from rclpy's own classes (no ROS graph is joined)."""
+    pytest.importorskip("rclpy", reason="rclpy is missing: pip install -e '.[ros2]'")
+    from control_node.bridge.recipe import ActionSpec
+    from control_node.bridge.ros2 import ActionWriter, message_class
+    spec = ActionSpec(topic="/cmd", type=typ, field=field, qos="reliable", names=["hip", "knee"],
+                      time_from_start_s=0.02)
+    names = [typ, "trajectory_msgs/msg/JointTrajectoryPoint", "builtin_interfaces/msg/Duration"]
+    w = ActionWriter(spec, {n: message_class(n) for n in names})
+    stamp = message_class("builtin_interfaces/msg/Time")(sec=5, nanosec=7)
+    m = w.build(np.array([0.5, -1.25]), stamp if w.stamped else None)
+    if typ.endswith("Float64MultiArray"):
+        assert list(m.data) == [0.5, -1.25] and not w.stamped
+    elif typ.endswith("JointState"):
+        assert list(m.name) == ["hip", "knee"] and list(m.effort) == [0.5, -1.25] and list(m.position) == []
+        assert (m.header.stamp.sec, m.header.stamp.nanosec) == (5, 7)
+    else:
+        assert list(m.joint_names) == ["hip", "knee"] and len(m.points) == 1
+        p = m.points[0]
+        assert list(p.positions) == [0.5, -1.25] and (p.time_from_start.sec, p.time_from_start.nanosec) == (0, 20_000_000)
+    from rclpy.serialization import deserialize_message, serialize_message
+    back = deserialize_message(serialize_message(m), type(m))       # a well-formed message of its type
+    assert back == m
