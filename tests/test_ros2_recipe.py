@@ -275,3 +275,13 @@ def test_action_messages_built_with_rclpys_classes(typ, field):
     from rclpy.serialization import deserialize_message, serialize_message
     back = deserialize_message(serialize_message(m), type(m))       # a well-formed message of its type
     assert back == m
+
+
+def test_a_bad_policy_history_is_refused_naming_the_key(tmp_path, continuous_f64_model_path):
+    from control_node.bridge.recipe import load_recipe
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('[policy]\nhistory = "two"\n[ros2]\n[[ros2.observation]]\ntopic = "/x"\n'
+                   'type = "std_msgs/msg/Float64MultiArray"\nfield = "data"\nsize = 6\n')
+    with pytest.raises(ConfigError) as e:
+        load_recipe(cfg, model=continuous_f64_model_path)
+    assert e.value.field == "policy.history"

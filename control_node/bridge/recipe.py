@@ -356,7 +356,9 @@ def load_recipe(path, model=None, check_model=True) -> Recipe:
             raise _bad(path, "node.model", "is an argmax policy (a class index): a ROS 2 command needs an action vector",
                        "run a continuous policy (control-node import, or train --task pendulum)")
         n_features, feature_names, action_names = spec.n_features, spec.feature_names, spec.action_names
-        history = int((raw.get("policy") or {}).get("history", 1))
+        history = (raw.get("policy") or {}).get("history", 1)
+        if not isinstance(history, int) or isinstance(history, bool) or history < 1:
+            raise _bad(path, "policy.history", f"invalid value {history!r}", "use an integer >= 1")
     return parse_recipe(raw.get("ros2"), path, n_features, feature_names, action_names, history)
 
 
