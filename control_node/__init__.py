@@ -10,6 +10,8 @@ the bottom up; a module imports only its own tier and those below (tests/test_ar
                           layout, format versions; the writer and reader of a node run.
 ``endpoints.py``          runtime dir, endpoint expansion, ipc paths, tcp hosts, packaged default configs.
 ``errors.py``             errors that end a command with a message, not a traceback.
+``procfs.py``             every /proc and /sys read (CPU lists, interrupts, softirqs, stat, kernel threads,
+                          cpuinfo, VM or not) under a root prefix; standard library only.
 ``loop/``                 the hot path: the nogil cycle (``_rtloop.pyx``), frame codec, histogram, libzmq
                           entry points, real-time set-up. No GIL, nothing allocated per cycle, C ABI only.
 ``config.py``             the node config: TOML in, validated dict out (errors name the field and fix).

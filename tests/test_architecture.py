@@ -4,8 +4,8 @@ import counts as much as a top-level one.
 
 Tiers, bottom up (a module may import its own tier and those below):
   kernels               the policy kernel: nothing of control_node outside control_node.kernels
-  errors, rundir,       leaves: formats and endpoint helpers, standard library and numpy only
-  endpoints
+  errors, rundir,       leaves: formats, endpoint helpers and the /proc reader, standard library and numpy
+  endpoints, procfs     only
   loop                  the hot path: loop itself, rundir, errors, kernels
   node level            config, security, sockets, node, report, recording, monitor, launch
   sim, train, bench,    tools: never imported by the node level (train may use sim's dynamics);
@@ -23,9 +23,24 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 TOOLS = ("control_node.sim", "control_node.train", "control_node.bench", "control_node.bridge")
 ROOT_TIER = ("control_node.cli", "control_node.__main__", "control_node.verbs")
-LEAVES = ("control_node.errors", "control_node.rundir", "control_node.endpoints")
+LEAVES = ("control_node.errors", "control_node.rundir", "control_node.endpoints", "control_node.procfs")
 HOT = "control_node.loop"
 REPORT = "control_node.report"
+NODE_LEVEL = ("control_node.config", "control_node.configs", "control_node.security", "control_node.sockets",
+              "control_node.lifecycle", "control_node.metrics", "control_node.node", "control_node.recording",
+              "control_node.diagnosis", "control_node.monitor", "control_node.launch")
+# the module map, bottom up: every module is placed in exactly one tier (the package itself, whose
+# docstring is the map, imports nothing)
+TIERS = (("kernel", ("control_node.kernels",)), ("leaf", LEAVES), ("loop", (HOT,)), ("report", (REPORT,)),
+         ("node level", NODE_LEVEL), ("tools", TOOLS), ("composition root", ROOT_TIER))
+
+
+def tier_of(mod: str) -> str | None:
+    """The tier ``mod`` belongs to, None when the map cannot place it."""
+    if mod == "control_node":
+        return "package"
+    found = [name for name, prefixes in TIERS if _under(mod, prefixes)]
+    return found[0] if len(found) == 1 else None
 
 
 def _under(mod: str, prefixes) -> bool:
@@ -112,15 +127,16 @@ def import_graph(sources: dict) -> dict:
 
 
 def violations(graph: dict) -> list[str]:
-    """Every edge that breaks the tiers, and every import cycle."""
-    bad = []
+    """Every module the map cannot place, every edge that breaks the tiers, and every import cycle."""
+    bad = [f"{mod} is in no tier: place it in TIERS (tests/test_architecture.py) and the map in "
+           "control_node/__init__.py" for mod in sorted(graph) if tier_of(mod) is None]
     for mod, deps in sorted(graph.items()):
         for dep in sorted(deps):
             why = None
             if _under(mod, "control_node.kernels") and not _under(dep, "control_node.kernels"):
                 why = "the kernel imports nothing of control_node outside itself"
             elif _under(mod, LEAVES) and not _under(dep, LEAVES):
-                why = "errors, rundir and endpoints are leaves"
+                why = "errors, rundir, endpoints and procfs are leaves"
             elif _under(mod, HOT) and not _under(dep, (HOT, "control_node.kernels", *LEAVES)):
                 why = "the hot path imports only itself, the kernel, rundir and errors"
             elif _under(mod, REPORT) and not _under(dep, (REPORT, *LEAVES)):
@@ -189,6 +205,32 @@ def test_a_hot_path_module_importing_the_report_fails_the_check():
     bad = violations(import_graph(sources))
     assert bad == ["control_node.loop.bad imports control_node.report: the hot path imports only itself, "
                    "the kernel, rundir and errors"], bad
+
+
+def test_every_module_is_placed_and_an_unplaced_one_fails_the_check():
+    sources = read_sources()
+    assert {m: tier_of(m) for m in sources if tier_of(m) is None} == {}
+    assert tier_of("control_node.procfs") == "leaf" and tier_of("control_node.diagnosis.doctor.registry") == \
+        "node level"
+    sources["control_node.newthing"] = ("control_node/newthing.py", "import os\n")
+    bad = violations(import_graph(sources))
+    assert bad == ["control_node.newthing is in no tier: place it in TIERS (tests/test_architecture.py) and the "
+                   "map in control_node/__init__.py"], bad
+
+
+def test_the_proc_reader_is_a_leaf():
+    """control_node.procfs imports nothing of control_node: doctor, attribution and the loop's isolation
+    all use it, so it sits below each of them."""
+    sources = read_sources()
+    graph = import_graph(sources)
+    assert graph["control_node.procfs"] == set()
+    users = {m for m, deps in graph.items() if "control_node.procfs" in deps}
+    assert {"control_node.loop.isolation", "control_node.diagnosis.attribution",
+            "control_node.diagnosis.doctor.context"} <= users
+    path, text = sources["control_node.procfs"]
+    sources["control_node.procfs"] = (path, text + "\nfrom control_node.config import load_config\n")
+    bad = violations(import_graph(sources))
+    assert "control_node.procfs imports control_node.config: errors, rundir, endpoints and procfs are leaves" in bad
 
 
 def test_a_node_module_importing_the_simulator_fails_the_check():

@@ -13,8 +13,10 @@ import time
 
 import pytest
 
+from control_node import procfs
 from control_node.diagnosis import doctor
-from control_node.diagnosis.doctor import VERDICTS, machine_facts, run_doctor
+from control_node.diagnosis.doctor import CHECKS, VERDICTS, Ctx, check, machine_facts, run_checks, run_doctor
+from control_node.diagnosis.doctor.privileges import PROBE
 from control_node.verbs import doctor as verb
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -291,7 +293,7 @@ def test_unreadable_and_missing_files_are_unknown_with_the_reason(tmp_path, monk
             raise PermissionError(13, "Permission denied", os.fspath(path))
         return real_open(path, *a, **kw)
 
-    monkeypatch.setattr(doctor, "open", fake_open, raising=False)
+    monkeypatch.setattr(procfs, "open", fake_open, raising=False)     # every read goes through procfs
     r = run_doctor(root=root, sample=0, probe_privileges=False)
     assert_well_formed(r)
     c = by_check(r)
@@ -314,12 +316,64 @@ def test_an_empty_tree_gives_verdicts_not_exceptions(tmp_path):
     assert facts["preempt"] == "unknown" and facts["clocksource"] == "unknown"
 
 
-def test_cpulists():
-    assert doctor.parse_cpulist("0-3,5,8-11:2/4") == {0, 1, 2, 3, 5, 8, 9}
-    assert doctor.parse_cpulist("all", max_cpu=3) == {0, 1, 2, 3}
-    assert doctor.parse_cpulist("2-N", max_cpu=4) == {2, 3, 4}
-    assert doctor.format_cpulist({0, 1, 2, 5, 7, 8}) == "0-2,5,7-8"
-    assert doctor.parse_hexmask("00000000,00000005") == {0, 2}
+def test_each_check_is_registered_once():
+    keys = [(c.area, c.name) for c in CHECKS]
+    assert len(keys) == len(set(keys)) and len({id(c.fn) for c in CHECKS}) == len(CHECKS)
+    assert {c.area for c in CHECKS} == set(doctor.AREAS)                 # every area has a check
+    # every check_* function of the package is registered (none is left out of the run)
+    import importlib
+    import pkgutil
+    for m in pkgutil.iter_modules(doctor.__path__):
+        mod = importlib.import_module(f"control_node.diagnosis.doctor.{m.name}")
+        for name, fn in vars(mod).items():
+            if name.startswith("check_") and callable(fn) and fn.__module__ == mod.__name__:
+                assert any(c.fn is fn for c in CHECKS), f"{mod.__name__}.{name} is not registered"
+    with pytest.raises(ValueError, match="already registered"):
+        check("tracing", "tracefs")(lambda ctx: [])
+    with pytest.raises(ValueError, match="already registered"):
+        check("tracing", "another name")(CHECKS[0].fn)
+    with pytest.raises(ValueError, match="unknown area"):
+        check("nowhere", "x")
+    assert len(CHECKS) == len(keys)                                       # the refused ones were not added
+
+
+@pytest.mark.parametrize("tree", [good_rt_box, bad_vm, dict])
+def test_checks_give_the_same_verdicts_in_any_order(tmp_path, tree):
+    """No check depends on another having run first: each reads only the context, which derives the loop
+    core, privileges and kernel config on first use. Shuffled orders give the same report and facts."""
+    import random
+    root = make_tree(tmp_path, tree())
+
+    def run(order):
+        ctx = Ctx(root, cpu=None, sample=1.0, sleep=lambda s: None)
+        return run_checks(ctx, order), ctx.facts
+
+    base, base_facts = run(CHECKS)
+    assert base
+    rng = random.Random(23)
+    for _ in range(8):
+        order = rng.sample(CHECKS, len(CHECKS))
+        got, facts = run(order)
+        assert got == base, [c.name for c in order]
+        assert facts == base_facts
+    assert run(list(reversed(CHECKS)))[0] == base
+
+
+def test_the_privilege_probe_is_a_shipped_file():
+    import tomllib
+    assert os.path.isfile(PROBE) and PROBE.endswith("probe_privileges.py")
+    with open(os.path.join(REPO, "pyproject.toml"), "rb") as f:
+        st = tomllib.load(f)["tool"]["setuptools"]
+    assert "control_node.diagnosis.doctor" in st["packages"]
+    assert os.path.basename(PROBE) in st["package-data"]["control_node.diagnosis.doctor"]
+    # run as doctor runs it: isolated, no site; it answers every privilege, and leaves this process alone
+    p = subprocess.run([sys.executable, "-I", "-S", PROBE, str(max(os.sched_getaffinity(0))), "1"],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    answers = json.loads(p.stdout)
+    assert set(answers) == {"affinity", "mlockall", "cpu_dma_latency", "sched_fifo"}
+    assert all(isinstance(ok, bool) and isinstance(err, str) for ok, err in answers.values())
+    assert answers["affinity"] == [True, ""]                              # a core of our own mask
 
 
 # ----------------------------------------------------------------------------------- the verb and this machine

@@ -13,29 +13,28 @@ import pytest
 from nodeutil import load_run, start_node
 from control_node.bench.harness import run_cli
 from control_node.endpoints import runtime_dir
-from control_node.loop.isolation import _parse_list, restore_file
+from control_node.loop.isolation import restore_file
+from control_node.procfs import Procfs, parse_cpulist
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or len(os.sched_getaffinity(0)) < 2,
                                 reason="needs root (moving other processes' threads and IRQs) and 2 cores")
 
 
+FS = Procfs()
+
+
 def allowed(pid) -> set[int]:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("Cpus_allowed_list:"):
-                return _parse_list(line.split(":", 1)[1])
-    raise AssertionError("no Cpus_allowed_list")
+    status, err = FS.status(pid)
+    assert status and "Cpus_allowed_list" in status, err or "no Cpus_allowed_list"
+    return parse_cpulist(status["Cpus_allowed_list"])
 
 
 def irq_lists() -> dict[int, set[int]]:
     out = {}
-    for n in os.listdir("/proc/irq"):
-        if n.isdigit():
-            try:
-                with open(f"/proc/irq/{n}/smp_affinity_list") as f:
-                    out[int(n)] = _parse_list(f.read())
-            except (OSError, ValueError):
-                pass
+    for irq in FS.irqs():
+        cpus, _ = FS.irq_affinity(irq)
+        if cpus is not None:
+            out[irq] = cpus
     return out
 
 

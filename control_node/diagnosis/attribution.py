@@ -31,6 +31,8 @@ from collections import deque
 
 import numpy as np
 
+from control_node.procfs import Procfs, StatSampler
+
 TRACEFS = "/sys/kernel/tracing"
 EVENTS = ("sched/sched_switch", "sched/sched_wakeup", "irq/irq_handler_entry", "irq/irq_handler_exit", "irq/softirq_entry",
           "irq/softirq_exit", "irq_vectors/local_timer_entry", "irq_vectors/local_timer_exit",
@@ -145,52 +147,15 @@ class TraceParser:
             self.sink((kind, began[0], began[1], t))
 
 
-def _cpu_line(cpu: int, fd: int | None = None, buf: bytearray | None = None):
-    """The ``cpuN`` fields of /proc/stat (USER_HZ ticks), or None. ``fd`` and ``buf``: /proc/stat kept open
-    and read again from offset 0 into a buffer allocated once: a sampler running every 5 ms then holds one
-    descriptor and makes no large allocation (a fresh 64 kB read each time fragments the C heap, and under
-    mlockall every page the heap grows by stays resident)."""
-    key = f"cpu{cpu} ".encode()
-    try:
-        if fd is None:
-            with open("/proc/stat", "rb") as f:
-                text = f.read()
-            n = len(text)
-        else:
-            n = os.preadv(fd, [buf], 0)
-            text = buf
-    except OSError:
-        return None
-    at = 0 if text.startswith(key) else text.find(b"\n" + key, 0, n) + 1
-    if at == 0 and not text.startswith(key):
-        return None
-    stop = text.find(b"\n", at, n)
-    return [int(v) for v in text[at:stop if stop >= 0 else n].split()[1:]]
-
-
-def _per_cpu_counts(path: str, cpu: int) -> dict | None:
-    """{source: count on ``cpu``} from /proc/interrupts or /proc/softirqs, or None."""
-    try:
-        with open(path) as f:
-            lines = f.read().splitlines()
-    except OSError:
-        return None
-    cpus = lines[0].split()
-    if f"CPU{cpu}" not in cpus:
-        return None
-    col = cpus.index(f"CPU{cpu}")
+def _core_counts(fs: Procfs, cpu: int) -> dict:
+    """What the run's start and end compare on core ``cpu``: {source: count} from /proc/interrupts and
+    /proc/softirqs, and its /proc/stat times (each None when unreadable or without the CPU)."""
     out = {}
-    for line in lines[1:]:
-        parts = line.split()
-        if len(parts) < 2 or not parts[0].endswith(":"):
-            continue
-        key = parts[0][:-1]
-        try:
-            count = int(parts[1 + col])
-        except (IndexError, ValueError):
-            continue
-        desc = " ".join(parts[1 + len(cpus):]) if key.isdigit() else ""
-        out[f"{key} {desc}".strip() if desc else key] = count
+    for key, read in (("interrupts", fs.interrupts), ("softirqs", fs.softirqs)):
+        table, _ = read()
+        out[key] = table.on_cpu(cpu) if table is not None else None
+    stat, _ = fs.stat()
+    out["stat"] = (stat or {}).get(cpu)
     return out
 
 
@@ -293,8 +258,9 @@ class Recorder:
     how long before its tick the loop's last sleep ends (:func:`sleep_lead_ns`)."""
 
     def __init__(self, cpu: int, loop_tid: int, tracing: bool = True, loop=None, floor_ns: int = 10_000,
-                 lead_ns: int = 0):
+                 lead_ns: int = 0, root="/"):
         self.cpu, self.loop_tid, self.tracing = cpu, loop_tid, tracing
+        self.fs = Procfs(root)
         self.loop, self.floor_ns, self.lead_ns = loop, floor_ns, lead_ns
         self.intervals = deque(maxlen=MAX_INTERVALS)
         self.dropped = 0
@@ -563,19 +529,19 @@ class Recorder:
     def _sample_steal(self):
         self._leave_core()
         try:
-            fd = os.open("/proc/stat", os.O_RDONLY)
+            sampler = StatSampler(self.cpu, self.fs.root)
         except OSError:
             return
         try:
-            self._steal_loop(fd, bytearray(1 << 16))
+            self._steal_loop(sampler)
         finally:
-            os.close(fd)
+            sampler.close()
 
-    def _steal_loop(self, fd, buf):
+    def _steal_loop(self, sampler):
         while not self._stop.is_set():
-            f = _cpu_line(self.cpu, fd, buf)
-            if f is not None and len(f) >= 8:
-                self.steal.append((time.monotonic_ns(), f[7], f[5], f[6]))
+            f = sampler.read()
+            if f is not None:
+                self.steal.append((time.monotonic_ns(), f.steal, f.irq, f.softirq))
             self.prune()
             self._stop.wait(STEAL_PERIOD_S)
 
@@ -590,10 +556,9 @@ class Recorder:
 
     def start(self):
         self._t_start = time.monotonic()
-        self.evidence["virtual_machine"] = virtual_machine()
-        self.counts0 = {"interrupts": _per_cpu_counts("/proc/interrupts", self.cpu),
-                        "softirqs": _per_cpu_counts("/proc/softirqs", self.cpu), "stat": _cpu_line(self.cpu)}
-        if self.counts0["stat"] is None or len(self.counts0["stat"]) < 8:
+        self.evidence["virtual_machine"] = virtual_machine(self.fs.root)
+        self.counts0 = _core_counts(self.fs, self.cpu)
+        if self.counts0["stat"] is None:
             self.evidence["steal"] = {"granted": False, "detail": f"/proc/stat has no cpu{self.cpu} steal field"}
         else:
             self.evidence["steal"] = {"granted": True, "detail": f"/proc/stat cpu{self.cpu} every "
@@ -619,8 +584,7 @@ class Recorder:
         if self._raw is not None and not any(t.is_alive() for t in self._threads):
             self.prune(force=True)                    # the loop's last cycles: every late window is known
             self._settle(final=True)
-        end = {"interrupts": _per_cpu_counts("/proc/interrupts", self.cpu),
-               "softirqs": _per_cpu_counts("/proc/softirqs", self.cpu), "stat": _cpu_line(self.cpu)}
+        end = _core_counts(self.fs, self.cpu)
         for key in ("interrupts", "softirqs"):
             a, b = self.counts0.get(key), end.get(key)
             if a is None or b is None:
@@ -630,8 +594,8 @@ class Recorder:
                 self.evidence[key] = {"granted": True, "on_core_during_run": dict(
                     sorted(delta.items(), key=lambda kv: -kv[1]))}
         a, b = self.counts0.get("stat"), end.get("stat")
-        if a and b and len(a) >= 8 and len(b) >= 8:
-            self.evidence["steal"]["run_total_ms"] = (b[7] - a[7]) * 1e3 / USER_HZ
+        if a is not None and b is not None:
+            self.evidence["steal"]["run_total_ms"] = (b.steal - a.steal) * 1e3 / USER_HZ
         self.evidence["smi"] = smi_count(self.cpu)
         wall = time.monotonic() - self._t_start if self._t_start is not None else 0.0
         self.evidence["recorder_cost"] = {
@@ -677,18 +641,16 @@ def remove_stale_instances() -> list[str]:
     return removed
 
 
-def virtual_machine() -> dict:
-    """Does the CPU say it runs under a hypervisor (the ``hypervisor`` flag of /proc/cpuinfo)?"""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    vm = "hypervisor" in line.split()
-                    return {"vm": vm, "detail": "the CPU flags say hypervisor" if vm else
-                            "no hypervisor flag: bare metal (an unexplained quiet gap stays unknown)"}
-    except OSError as e:
-        return {"vm": False, "detail": f"/proc/cpuinfo unreadable: {e.strerror or e}"}
-    return {"vm": False, "detail": "/proc/cpuinfo has no flags line"}
+def virtual_machine(root="/") -> dict:
+    """Does this run under a hypervisor? Doctor's detection (:meth:`Procfs.virtualization`: /sys/hypervisor,
+    the CPU's ``hypervisor`` flag, DMI), so doctor and the why-late report cannot disagree. ``vm`` is
+    False when nothing could be read (an unexplained quiet gap then stays unknown)."""
+    vm, how = Procfs(root).virtualization()
+    if vm:
+        return {"vm": True, "detail": how}
+    if vm is None:
+        return {"vm": False, "detail": f"unknown: {how}"}
+    return {"vm": False, "detail": f"{how}: bare metal (an unexplained quiet gap stays unknown)"}
 
 
 def smi_count(cpu: int) -> dict:

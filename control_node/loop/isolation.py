@@ -16,48 +16,16 @@ import json
 import os
 import time
 
+from control_node.procfs import Procfs, format_cpulist
+
+_FS = Procfs()
+
 
 def _start_time(tid: int):
     """Field 22 of /proc/TID/stat (start time in clock ticks): tells a thread from a later one that
-    reused its id."""
-    try:
-        with open(f"/proc/{tid}/stat") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[19])
-    except (OSError, IndexError, ValueError):
-        return None
-
-
-def _comm(tid: int) -> str:
-    try:
-        with open(f"/proc/{tid}/comm") as f:
-            return f.read().strip()
-    except OSError:
-        return "?"
-
-
-def _is_kernel_thread(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("Kthread:"):
-                    return line.split()[1] == "1"
-        return os.readlink(f"/proc/{pid}/exe") == ""
-    except OSError:
-        return True        # no exe link: a kernel thread
-
-
-def _fmt_list(cpus) -> str:
-    return ",".join(str(c) for c in sorted(cpus))
-
-
-def _parse_list(text: str) -> set[int]:
-    out = set()
-    for part in text.strip().split(","):
-        if not part:
-            continue
-        a, _, b = part.partition("-")
-        out.update(range(int(a), int(b or a) + 1))
-    return out
+    reused its id. None when it is gone."""
+    st, _ = _FS.task(tid)
+    return st.start_time if st is not None else None
 
 
 def restore_file(runtime_dir: str, pid: int | None = None) -> str:
@@ -139,17 +107,15 @@ def isolate(cpu: int, runtime_dir: str, keep=()) -> Isolation:
     iso = Isolation(cpu, restore_file(runtime_dir))
     own = os.getpid()
     keep = set(keep)
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        pid = int(name)
+    for pid in _FS.pids():
         if pid == own:
             continue
         try:
-            tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+            tids = _FS.tids(pid)
         except OSError:
             continue
-        kthread = _is_kernel_thread(pid)
+        st, _ = _FS.task(pid)
+        kthread = st is None or st.kthread          # no stat: gone, or a kernel thread we may not read
         for tid in tids:
             if tid in keep:
                 continue
@@ -161,42 +127,31 @@ def isolate(cpu: int, runtime_dir: str, keep=()) -> Isolation:
                 continue
             rest = mask - {cpu}
             if not rest:
-                iso.refused_threads.append([tid, _comm(tid), f"allowed only on core {cpu}"])
+                iso.refused_threads.append([tid, _FS.comm(tid), f"allowed only on core {cpu}"])
                 continue
             start = _start_time(tid)
             try:
                 os.sched_setaffinity(tid, rest)
             except OSError as e:
-                iso.refused_threads.append([tid, _comm(tid), e.strerror or str(e)])
+                iso.refused_threads.append([tid, _FS.comm(tid), e.strerror or str(e)])
                 continue
-            iso.threads.append([tid, _comm(tid), sorted(mask), start])
+            iso.threads.append([tid, _FS.comm(tid), sorted(mask), start])
             iso.kernel_threads_moved += kthread
         if len(iso.threads) % 64 == 0:
             iso._save()
-    try:
-        irq_names = sorted((int(n) for n in os.listdir("/proc/irq") if n.isdigit()))
-    except OSError:
-        irq_names = []
-    for irq in irq_names:
-        path = f"/proc/irq/{irq}/smp_affinity_list"
-        try:
-            with open(path) as f:
-                old = f.read().strip()
-        except OSError:
+    for irq in _FS.irqs():
+        path = _FS.path(f"/proc/irq/{irq}/smp_affinity_list")
+        cpus, _ = _FS.irq_affinity(irq)
+        if cpus is None or cpu not in cpus:
             continue
-        try:
-            cpus = _parse_list(old)
-        except ValueError:
-            continue
-        if cpu not in cpus:
-            continue
+        old = format_cpulist(cpus)                  # what restore writes back (the kernel's own format)
         rest = cpus - {cpu} or (set(os.sched_getaffinity(0)) - {cpu})
         if not rest:
             iso.refused_irqs.append([irq, f"no other core to move it to ({old})"])
             continue
         try:
             with open(path, "w") as f:
-                f.write(_fmt_list(rest))
+                f.write(format_cpulist(rest))
             iso.irqs.append([irq, old])
             iso._save()
         except OSError as e:
