@@ -199,7 +199,7 @@ def test_this_machines_stat_and_the_sampler(tmp_path):
 # ------------------------------------------------------------------------------- tasks and kthreads
 
 def test_task_stat_with_a_comm_holding_parentheses_and_spaces():
-    text = "4242 (my (odd) name) S 1 4242 4242 0 -1 4194560 " + " ".join(["0"] * 11) + " 98765 " + \
+    text = "4242 (my (odd) name) S 1 4242 4242 0 -1 4194560 " + " ".join(["0"] * 12) + " 98765 " + \
         " ".join(["0"] * 30) + "\n"
     st = parse_task_stat(text)
     assert st.pid == 4242 and st.comm == "my (odd) name" and st.state == "S"
@@ -228,7 +228,7 @@ def test_this_machines_tasks_and_kernel_threads():
 
 def test_kernel_threads_in_a_tree(tmp_path):
     def stat(pid, comm, flags):
-        return f"{pid} ({comm}) S 2 0 0 0 -1 {flags} " + " ".join(["0"] * 11) + " 5 " + " ".join(["0"] * 30) + "\n"
+        return f"{pid} ({comm}) S 2 0 0 0 -1 {flags} " + " ".join(["0"] * 12) + " 5 " + " ".join(["0"] * 30) + "\n"
     root = write_tree(tmp_path, {
         "proc/2/stat": stat(2, "kthreadd", 0x00208040), "proc/2/status": "Name:\tkthreadd\nCpus_allowed_list:\t0-3\n",
         "proc/21/stat": stat(21, "ksoftirqd/1", 0x04208040), "proc/21/status": "Cpus_allowed_list:\t1\n",
