@@ -312,6 +312,10 @@ def test_an_empty_tree_gives_verdicts_not_exceptions(tmp_path):
     assert c["loop core"]["verdict"] == "unknown" and "Cpus_allowed_list" in c["loop core"]["detail"]
     assert c["preemption"]["verdict"] == "unknown"
     assert c["HZ"]["verdict"] == "unknown" and "/proc/config.gz does not exist" in c["HZ"]["detail"]
+    # without a loop core the per-core checks do not run: unknown, with why
+    for per_core in ("SMT siblings", "cpufreq governor", "IRQs on the loop core", "kthreads on the loop core"):
+        assert c[per_core]["verdict"] == "unknown", per_core
+        assert c[per_core]["detail"].startswith("the loop core is unknown: no CPU affinity mask"), c[per_core]
     facts = machine_facts(root=str(tmp_path))
     assert facts["preempt"] == "unknown" and facts["clocksource"] == "unknown"
 

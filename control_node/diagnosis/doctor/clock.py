@@ -4,11 +4,10 @@ from __future__ import annotations
 import os
 import re
 
-from control_node.diagnosis.doctor.context import GRUB, Ctx, per_core_unknown
+from control_node.diagnosis.doctor.context import GRUB, Ctx
 from control_node.diagnosis.doctor.registry import check, item
 
 DEEP_IDLE_US = 10          # an idle state slower than this to leave costs a 1 kHz loop its budget
-
 
 
 @check("clock and timers", "clocksource")
@@ -44,7 +43,6 @@ def check_clocksource(ctx: Ctx) -> list[dict]:
                       switch)]
     return [item(area, "clocksource", value, "warn", f"{cur} is not a clocksource doctor knows to be fast "
                   "(tsc on x86, arch_sys_counter on arm64)", switch)]
-
 
 
 @check("power management", "cpuidle")
@@ -120,12 +118,9 @@ def check_cpuidle(ctx: Ctx) -> list[dict]:
                   f"GROUP=\"realtime\", MODE=\"0660\"), or disable the deep states on the loop core: `{disable}`")]
 
 
-
-@check("power management", "cpufreq governor")
+@check("power management", "cpufreq governor", per_core=True)
 def check_cpufreq(ctx: Ctx) -> list[dict]:
     area = "power management"
-    if ctx.loop_cpu is None:
-        return [per_core_unknown(ctx, area, "cpufreq governor")]
     d = f"/sys/devices/system/cpu/cpu{ctx.loop_cpu}/cpufreq"
     gov, err = ctx.read1(f"{d}/scaling_governor")
     drv, _ = ctx.read1(f"{d}/scaling_driver")

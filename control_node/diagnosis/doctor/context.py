@@ -250,10 +250,6 @@ def _parse_kconfig(text: str) -> dict:
     return cfg
 
 
-def per_core_unknown(ctx: Ctx, area, check):
-    return item(area, check, "unknown", "unknown", f"the loop core is unknown: {ctx.cpu_reason}", "pass --cpu N")
-
-
 def bracketed(text: str) -> str | None:
     """``"always [madvise] never"`` -> ``"madvise"``."""
     m = re.search(r"\[([^\]]+)\]", text)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import re
 
-from control_node.diagnosis.doctor.context import Ctx, per_core_unknown
+from control_node.diagnosis.doctor.context import Ctx
 from control_node.diagnosis.doctor.registry import check, item
 from control_node.procfs import format_cpulist, parse_cpulist
 
@@ -18,11 +18,9 @@ def check_loop_core(ctx: Ctx) -> list[dict]:
     return ctx.core.items
 
 
-@check("loop core", "SMT siblings")
+@check("loop core", "SMT siblings", per_core=True)
 def check_smt(ctx: Ctx) -> list[dict]:
     area = "loop core"
-    if ctx.loop_cpu is None:
-        return [per_core_unknown(ctx, area, "SMT siblings")]
     p = f"/sys/devices/system/cpu/cpu{ctx.loop_cpu}/topology/thread_siblings_list"
     text, err = ctx.read1(p)
     if text is None:
@@ -46,12 +44,9 @@ def check_smt(ctx: Ctx) -> list[dict]:
                   "there), or disable SMT: `echo off > /sys/devices/system/cpu/smt/control` (boot: `nosmt`)")]
 
 
-
-@check("kernel threads", "kthreads on the loop core", cost="scan")
+@check("kernel threads", "kthreads on the loop core", cost="scan", per_core=True)
 def check_kthreads(ctx: Ctx) -> list[dict]:
     area = "kernel threads"
-    if ctx.loop_cpu is None:
-        return [per_core_unknown(ctx, area, "kthreads on the loop core")]
     c = ctx.loop_cpu
     try:
         pids = ctx.fs.pids()

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import re
 
-from control_node.diagnosis.doctor.context import GRUB, Ctx, per_core_unknown
+from control_node.diagnosis.doctor.context import GRUB, Ctx
 from control_node.diagnosis.doctor.registry import check, item
 from control_node.procfs import format_cpulist, parse_cpulist, parse_hexmask
-
 
 
 @check("isolation", "kernel command line")
@@ -18,7 +17,8 @@ def check_isolation(ctx: Ctx) -> list[dict]:
     if params is None:
         return [item(area, n, "unknown", "unknown", err, "`cat /proc/cmdline` as root") for n in names]
     if ctx.loop_cpu is None:
-        return [per_core_unknown(ctx, area, n) for n in names]
+        return [item(area, n, "unknown", "unknown", f"the loop core is unknown: {ctx.cpu_reason}", "pass --cpu N")
+                for n in names]
     c = ctx.loop_cpu
     everyone = ctx.online or ctx.allowed or {c}
     max_cpu = max(everyone | {c})
@@ -107,11 +107,9 @@ def check_isolation(ctx: Ctx) -> list[dict]:
     return out
 
 
-@check("interrupts", "IRQs on the loop core")
+@check("interrupts", "IRQs on the loop core", per_core=True)
 def check_irqs(ctx: Ctx) -> list[dict]:
     area = "interrupts"
-    if ctx.loop_cpu is None:
-        return [per_core_unknown(ctx, area, "IRQs on the loop core")]
     c = ctx.loop_cpu
     table, err = ctx.fs.interrupts()
     if table is None:

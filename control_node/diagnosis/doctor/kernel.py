@@ -7,7 +7,6 @@ from control_node.diagnosis.doctor.context import GRUB, Ctx, bracketed
 from control_node.diagnosis.doctor.registry import check, item
 
 
-
 @check("kernel", "preemption")
 def check_preemption(ctx: Ctx) -> list[dict]:
     area = "kernel"
@@ -80,7 +79,6 @@ def check_preemption(ctx: Ctx) -> list[dict]:
                   "the CPU: a system call or page-cache work on the loop core can delay a tick by milliseconds "
                   "(isolcpus on the loop core narrows it to kernel threads and interrupts)",
                   dyn_fix + rt_fix)]
-
 
 
 @check("kernel", "HZ")

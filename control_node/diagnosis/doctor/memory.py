@@ -5,7 +5,6 @@ from control_node.diagnosis.doctor.context import Ctx, bracketed
 from control_node.diagnosis.doctor.registry import check, item
 
 
-
 @check("memory", "THP")
 def check_thp(ctx: Ctx) -> list[dict]:
     area = "memory"
@@ -42,7 +41,6 @@ def check_thp(ctx: Ctx) -> list[dict]:
     return out
 
 
-
 @check("memory", "swap")
 def check_swap(ctx: Ctx) -> list[dict]:
     area = "memory"
@@ -75,7 +73,6 @@ def check_swap(ctx: Ctx) -> list[dict]:
                   "`swapoff -a` and remove the swap lines from /etc/fstab, or grant mlock: run the node with "
                   "`ulimit -l unlimited` (limits.conf: `@realtime - memlock unlimited`; systemd: "
                   "LimitMEMLOCK=infinity) or CAP_IPC_LOCK")]
-
 
 
 @check("scheduler", "RT throttling")

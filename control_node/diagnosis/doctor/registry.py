@@ -7,7 +7,9 @@ checks were registered in, whatever order they ran in.
 
 ``cost`` says what a check does besides reading files: ``read`` (nothing: ``machine_facts`` runs these),
 ``sample`` (sleeps for the live steal sample), ``scan`` (walks every /proc/PID) or ``probe`` (the
-privileges, tried in a child process when doctor probes).
+privileges, tried in a child process when doctor probes). ``per_core``: the check is about the loop core;
+while that is unknown (no affinity mask, no online list, a bad ``--cpu``) it is ``unknown`` with the
+reason, without running.
 """
 from __future__ import annotations
 
@@ -32,12 +34,13 @@ class Check:
     name: str
     fn: Callable
     cost: str
+    per_core: bool = False
 
 
 CHECKS: list[Check] = []
 
 
-def check(area: str, name: str, cost: str = "read"):
+def check(area: str, name: str, cost: str = "read", per_core: bool = False):
     """Register ``fn(ctx) -> list[item]`` as the check ``name`` of ``area``; each (area, name) and each
     function once."""
     if area not in AREAS:
@@ -50,7 +53,7 @@ def check(area: str, name: str, cost: str = "read"):
             if (c.area, c.name) == (area, name) or c.fn is fn:
                 raise ValueError(f"doctor check {area}/{name} ({fn.__qualname__}) is already registered "
                                  f"as {c.area}/{c.name} ({c.fn.__qualname__})")
-        CHECKS.append(Check(area, name, fn, cost))
+        CHECKS.append(Check(area, name, fn, cost, per_core))
         return fn
     return register
 
@@ -58,6 +61,9 @@ def check(area: str, name: str, cost: str = "read"):
 def run_one(c: Check, ctx) -> list[dict]:
     """A check's items; a check that raises becomes one ``unknown`` item with the reason (a check must
     never take doctor down)."""
+    if c.per_core and ctx.loop_cpu is None:
+        return [item(c.area, c.name, "unknown", "unknown", f"the loop core is unknown: {ctx.cpu_reason}",
+                     "pass --cpu N")]
     try:
         return list(c.fn(ctx))
     except Exception as e:

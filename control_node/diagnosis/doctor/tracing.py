@@ -7,7 +7,6 @@ from control_node.diagnosis.doctor.context import Ctx
 from control_node.diagnosis.doctor.registry import check, item
 
 
-
 @check("tracing", "tracefs")
 def check_tracefs(ctx: Ctx) -> list[dict]:
     area = "tracing"
