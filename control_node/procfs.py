@@ -293,6 +293,11 @@ class CpuInfo:
     processors: tuple[dict, ...]
     flags: frozenset = field(default_factory=frozenset)
 
+    @property
+    def model(self) -> str:
+        """The first processor's ``model name`` (x86), or "" (arm64 names no model)."""
+        return next((p["model name"] for p in self.processors if "model name" in p), "")
+
 
 def parse_cpuinfo(text: str) -> CpuInfo:
     blocks, cur = [], {}

@@ -262,11 +262,15 @@ VM_TREES = {   # name: (files, vm)
 def test_cpuinfo():
     x86 = procfs.parse_cpuinfo(X86_CPUINFO.format(hv="hypervisor"))
     assert len(x86.processors) == 2 and "hypervisor" in x86.flags and "constant_tsc" in x86.flags
+    assert procfs.parse_cpuinfo("processor\t: 0\nmodel name\t: AMD EPYC 9R14\n\n").model == "AMD EPYC 9R14"
     arm = procfs.parse_cpuinfo(ARM_CPUINFO)
     assert arm.flags == {"fp", "asimd", "evtstrm"} and arm.processors[0]["CPU implementer"] == "0x41"
     info, err = Procfs().cpuinfo()
     assert err is None
     assert len([p for p in info.processors if "processor" in p]) == len(Procfs().online_cpus()[0])
+    with open("/proc/cpuinfo") as f:
+        names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
+    assert info.model == (names[0] if names else "")
 
 
 @pytest.mark.parametrize("name", sorted(VM_TREES))
