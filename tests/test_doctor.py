@@ -263,6 +263,22 @@ def test_cpu_override_moves_the_per_core_checks(tmp_path):
     assert c["loop core"]["verdict"] == "bad" and "affinity" in c["loop core"]["detail"]
 
 
+def test_command_line_cpu_lists_with_stride_groups(tmp_path):
+    """isolcpus/nohz_full in the kernel's group syntax (a-b:used/size): core 3 of 1-3:1/2 is covered,
+    core 2 is not."""
+    files = good_rt_box()
+    files["proc/cmdline"] = "root=/dev/sda1 isolcpus=managed_irq,domain,1-3:1/2 nohz_full=1-3:1/2\n"
+    files["sys/devices/system/cpu/online"] = "0-3\n"
+    files["proc/self/status"] = files["proc/self/status"].replace("0-1", "0-3")
+    root = make_tree(tmp_path, files)
+    c = by_check(run_doctor(root=root, sample=0, probe_privileges=False))
+    assert c["loop core"]["value"].startswith("core 3")
+    assert c["isolcpus"]["verdict"] == "ok" and c["nohz_full"]["verdict"] == "ok"
+    assert c["rcu_nocbs"]["value"] == "implied by nohz_full=1-3:1/2"
+    c = by_check(run_doctor(root=root, cpu=2, sample=0, probe_privileges=False))
+    assert c["isolcpus"]["verdict"] == "warn" and c["nohz_full"]["verdict"] == "warn"
+
+
 def test_live_steal_sample(tmp_path):
     root = make_tree(tmp_path, good_rt_box())
     stat = os.path.join(root, "proc/stat")

@@ -1,4 +1,5 @@
-"""Diagnosis of the machine the node runs on (node level: imports errors, endpoints, config only).
+"""Diagnosis of the machine the node runs on (node level: imports the leaves, procfs among them, and the
+loop's real-time helpers).
 
 :mod:`control_node.diagnosis.doctor` (a package: one module per area, checks registered with
 ``@check(area, name)``): ``control-node doctor``, the real-time readiness check, and :func:`machine_facts`,
