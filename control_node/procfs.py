@@ -284,6 +284,61 @@ def parse_limits(text: str) -> dict[str, tuple[str, str]]:
     return out
 
 
+# ------------------------------------------------------------------------ mounts, swaps, cmdline
+
+class Mount(NamedTuple):
+    device: str
+    path: str            # octal escapes (``\040`` for a space) decoded
+    fstype: str
+
+
+def _unescape(field_: str) -> str:
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field_)
+
+
+def parse_mounts(text: str, where: str = "/proc/mounts") -> list[Mount]:
+    """/proc/mounts (or /proc/self/mounts): ``device path fstype options 0 0`` per line."""
+    out = []
+    for n, line in enumerate(text.splitlines(), start=1):
+        f = line.split()
+        if not f:
+            continue
+        if len(f) < 3:
+            raise ProcfsError(where, f"not `device path fstype ...`: {line.strip()!r}", n)
+        out.append(Mount(_unescape(f[0]), _unescape(f[1]), f[2]))
+    return out
+
+
+class Swap(NamedTuple):
+    name: str
+    size_kb: int
+    used_kb: int
+
+
+def parse_swaps(text: str, where: str = "/proc/swaps") -> list[Swap]:
+    """/proc/swaps: a header, then ``Filename Type Size Used Priority`` (KiB) per swap area."""
+    out = []
+    for n, line in enumerate(text.splitlines()[1:], start=2):
+        f = line.split()
+        if not f:
+            continue
+        if len(f) < 4 or not f[2].isdigit() or not f[3].isdigit():
+            raise ProcfsError(where, f"not `name type size used priority`: {line.strip()!r}", n)
+        out.append(Swap(_unescape(f[0]), int(f[2]), int(f[3])))
+    return out
+
+
+def parse_cmdline(text: str) -> dict[str, str]:
+    """/proc/cmdline: {param: value} ("" for a bare flag); stops at ``--`` (what follows is init's)."""
+    params = {}
+    for tok in text.split():
+        if tok == "--":
+            break
+        k, _, v = tok.partition("=")
+        params[k] = v
+    return params
+
+
 # ------------------------------------------------------------------------------------------ cpuinfo
 
 @dataclass(frozen=True)
@@ -387,6 +442,15 @@ class Procfs:
 
     def stat(self):
         return self._parsed("/proc/stat", parse_stat)
+
+    def mounts(self):
+        return self._parsed("/proc/mounts", parse_mounts)
+
+    def swaps(self):
+        return self._parsed("/proc/swaps", parse_swaps)
+
+    def cmdline(self):
+        return self._parsed("/proc/cmdline", lambda t, w: parse_cmdline(t))
 
     def cpuinfo(self):
         return self._parsed("/proc/cpuinfo", lambda t, w: parse_cpuinfo(t))

@@ -326,3 +326,37 @@ def test_a_missing_or_malformed_file_is_a_reason_not_a_traceback(tmp_path):
     assert fs.softirqs() == (None, "/proc/softirqs does not exist")
     os.makedirs(os.path.join(root, "proc/cpuinfo"))
     assert fs.cpuinfo() == (None, "/proc/cpuinfo: Is a directory")
+
+
+# ------------------------------------------------------------------------ mounts, swaps, cmdline
+
+def test_mounts_swaps_and_the_command_line():
+    mounts = procfs.parse_mounts("sysfs /sys sysfs rw,nosuid 0 0\n"
+                                 "tracefs /sys/kernel/tracing tracefs rw 0 0\n"
+                                 "/dev/sdb1 /media/my\\040disk ext4 rw 0 0\n")
+    assert [m.fstype for m in mounts] == ["sysfs", "tracefs", "ext4"] and mounts[2].path == "/media/my disk"
+    with pytest.raises(ProcfsError, match=r"^/proc/mounts:2: "):
+        procfs.parse_mounts("sysfs /sys sysfs rw 0 0\nbroken\n")
+    swaps = procfs.parse_swaps("Filename\t\t\t\tType\t\tSize\t\tUsed\t\tPriority\n"
+                               "/swap.img                               file\t\t4194300\t\t10240\t\t-2\n"
+                               "/dev/zram0                              partition\t8388604\t\t0\t\t100\n")
+    assert swaps == [procfs.Swap("/swap.img", 4194300, 10240), procfs.Swap("/dev/zram0", 8388604, 0)]
+    assert procfs.parse_swaps("Filename\t\t\t\tType\t\tSize\t\tUsed\t\tPriority\n") == []
+    with pytest.raises(ProcfsError, match=r"^/proc/swaps:2: "):
+        procfs.parse_swaps("Filename Type Size Used Priority\n/swap.img file big 0 -2\n")
+    params = procfs.parse_cmdline("BOOT_IMAGE=/vmlinuz root=/dev/sda1 quiet isolcpus=managed_irq,domain,1 "
+                                  "-- isolcpus=0\n")
+    assert params == {"BOOT_IMAGE": "/vmlinuz", "root": "/dev/sda1", "quiet": "", "isolcpus": "managed_irq,domain,1"}
+
+
+def test_this_machines_mounts_swaps_and_command_line():
+    fs = Procfs()
+    mounts, err = fs.mounts()
+    assert err is None and any(m.path == "/" for m in mounts) and any(m.fstype == "proc" for m in mounts)
+    assert {m.path for m in mounts if m.fstype == "proc"} >= {"/proc"}
+    swaps, err = fs.swaps()
+    assert err is None and all(s.size_kb > 0 and s.used_kb >= 0 for s in swaps)
+    params, err = fs.cmdline()
+    with open("/proc/cmdline") as f:
+        first = f.read().split()
+    assert err is None and (not first or first[0].partition("=")[0] in params)

@@ -89,19 +89,12 @@ class Ctx:
     @property
     def cmdline(self):
         """(dict param -> value ("" for a bare flag), None) or (None, reason); stops at `--` (init's args)."""
-        return self._once("cmdline", self._load_cmdline)
+        return self._once("cmdline", self.fs.cmdline)
 
-    def _load_cmdline(self):
-        text, err = self.read("/proc/cmdline")
-        if text is None:
-            return None, err
-        params = {}
-        for tok in text.split():
-            if tok == "--":
-                break
-            k, _, v = tok.partition("=")
-            params[k] = v
-        return params, None
+    @property
+    def mounts(self):
+        """([Mount], None) or (None, reason), from /proc/mounts."""
+        return self._once("mounts", self.fs.mounts)
 
     @property
     def hz(self) -> int | None:

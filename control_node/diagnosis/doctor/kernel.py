@@ -18,9 +18,8 @@ def check_preemption(ctx: Ctx) -> list[dict]:
     cfg = cfg or {}
     rt_flag, _ = ctx.read1("/sys/kernel/realtime")
     dbg, dbg_err = ctx.read1("/sys/kernel/debug/sched/preempt")
-    mounts, _ = ctx.read("/proc/mounts")
-    if dbg is None and mounts is not None and not any(
-            len(f) > 2 and f[2] == "debugfs" for f in (line.split() for line in mounts.splitlines())):
+    mounts, _ = ctx.mounts
+    if dbg is None and mounts is not None and not any(m.fstype == "debugfs" for m in mounts):
         dbg_err = "debugfs is not mounted"
     tokens = set(re.findall(r"\bPREEMPT\w*", version or ""))
     if version and re.search(r"\bPREEMPT RT\b", version):

@@ -44,23 +44,18 @@ def check_thp(ctx: Ctx) -> list[dict]:
 @check("memory", "swap")
 def check_swap(ctx: Ctx) -> list[dict]:
     area = "memory"
-    text, err = ctx.read("/proc/swaps")
+    devs, err = ctx.fs.swaps()
     sw, _ = ctx.read1("/proc/sys/vm/swappiness")
     ctx.fact("swappiness", int(sw) if sw and sw.isdigit() else None)
-    if text is None:
+    if devs is None:
         ctx.fact("swap_kb", None)
         return [item(area, "swap", "unknown", "unknown", err, "`swapon --show`")]
-    devs = []
-    for line in text.splitlines()[1:]:
-        f = line.split()
-        if len(f) >= 4 and f[2].isdigit():
-            devs.append((f[0], int(f[2]), int(f[3]) if f[3].isdigit() else 0))
-    total = sum(d[1] for d in devs)
+    total = sum(d.size_kb for d in devs)
     ctx.fact("swap_kb", total)
     swp = f", vm.swappiness {sw}" if sw is not None else ""
     if not devs:
         return [item(area, "swap", f"off{swp}", "ok", "no swap: nothing of the node can be paged out")]
-    value = (f"on: {', '.join(d[0] for d in devs)} ({total // 1024} MiB, {sum(d[2] for d in devs) // 1024} MiB "
+    value = (f"on: {', '.join(d.name for d in devs)} ({total // 1024} MiB, {sum(d.used_kb for d in devs) // 1024} MiB "
              f"used){swp}")
     m = ctx.priv.get("mlockall", {})
     if m.get("granted"):

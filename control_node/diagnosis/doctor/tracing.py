@@ -10,16 +10,15 @@ from control_node.diagnosis.doctor.registry import check, item
 @check("tracing", "tracefs")
 def check_tracefs(ctx: Ctx) -> list[dict]:
     area = "tracing"
-    mounts, merr = ctx.read("/proc/mounts")
+    mounts, merr = ctx.mounts
     cfg, _ = ctx.kconfig
     cfg = cfg or {}
     dirs = []
-    for line in (mounts or "").splitlines():
-        f = line.split()
-        if len(f) >= 3 and f[2] == "tracefs":
-            dirs.append(f[1])
-        elif len(f) >= 3 and f[2] == "debugfs":
-            dirs.append(f[1].rstrip("/") + "/tracing")
+    for m in mounts or ():
+        if m.fstype == "tracefs":
+            dirs.append(m.path)
+        elif m.fstype == "debugfs":
+            dirs.append(m.path.rstrip("/") + "/tracing")
     missing_cfg = [k for k in ("CONFIG_OSNOISE_TRACER", "CONFIG_TIMERLAT_TRACER") if cfg.get(k) == "n"]
     kfix = ("a kernel with " + " and ".join(f"{k}=y" for k in missing_cfg) + " (distribution kernels since 5.14 "
             "and PREEMPT_RT kernels have them)") if missing_cfg else ""
