@@ -360,3 +360,28 @@ def test_this_machines_mounts_swaps_and_command_line():
     with open("/proc/cmdline") as f:
         first = f.read().split()
     assert err is None and (not first or first[0].partition("=")[0] in params)
+
+
+def test_the_why_late_recorder_reads_through_a_root(tmp_path):
+    """The recorder's evidence (VM verdict, interrupt/softirq counts on the core, steal over the run) comes
+    from the tree it is given: counts rise between start and stop, the VM verdict is the tree's."""
+    from control_node.diagnosis.attribution import USER_HZ, Recorder
+    files, _ = VM_TREES["KVM guest (CPU flag)"]
+    stat = "cpu  0 0 0 0 0 0 0 0 0 0\ncpu0 1 0 1 1 0 0 0 0 0 0\ncpu1 1 0 1 1 0 0 0 0 0 0\ncpu2 1 0 1 1 0 0 0 {} 0 0\n"
+    root = write_tree(tmp_path, {**files, "proc/interrupts": THREE_CPU_INTERRUPTS, "proc/stat": stat.format(100),
+                                 "proc/softirqs": "  CPU0 CPU1 CPU2\n  TIMER:  1 2 3\n  RCU: 4 5 6\n"})
+    rec = Recorder(2, os.getpid(), tracing=False, root=root).start()
+    try:
+        assert rec.evidence["virtual_machine"]["vm"] is True and rec.evidence["steal"]["granted"]
+        write_tree(tmp_path, {"proc/interrupts": THREE_CPU_INTERRUPTS.replace("34567", "34600"),
+                              "proc/softirqs": "  CPU0 CPU1 CPU2\n  TIMER:  1 2 13\n  RCU: 4 5 6\n",
+                              "proc/stat": stat.format(150)})
+    finally:
+        rec.stop()
+    ev = rec.evidence
+    assert ev["interrupts"] == {"granted": True, "on_core_during_run": {"LOC": 33}}
+    assert ev["softirqs"] == {"granted": True, "on_core_during_run": {"TIMER": 10}}
+    assert ev["steal"]["run_total_ms"] == pytest.approx(50 * 1e3 / USER_HZ)
+    rec = Recorder(5, os.getpid(), tracing=False, root=root).start()          # a CPU the tree does not have
+    rec.stop()
+    assert not rec.evidence["steal"]["granted"] and not rec.evidence["interrupts"]["granted"]
