@@ -2,6 +2,7 @@
 recurrent use it: structure, units and the choice between measured and published figures. Behaviour, not
 speed: no figure is held to a bound (the host may stall any sample), only to being finite, positive and
 consistent with the other figures of the same measurement."""
+import ast
 import json
 import math
 import subprocess
@@ -221,3 +222,24 @@ def test_bench_policy_records_the_measured_floor(tmp_path):
         for row in sh["rows"]:
             assert finite_positive(row["vs_measured_floor"]) and finite_positive(row["vs_floor"]), row
     assert "floor measured here" in r.stdout and "p50 / measured" in r.stdout
+
+
+def test_without_the_compiled_probe_the_floor_says_why():
+    """An install without the probe (a build from before it existed): the bench still runs, the floor says
+    it was not measured and how to build it; a known family keeps its published floor."""
+    code = ("import sys; sys.modules['control_node.bench._floor_probe'] = None\n"
+            "from control_node.bench.policy import floor_from, floor_probe\n"
+            "u = floor_from(100, 1000, 'float32', family=None)\n"
+            "k = floor_from(100, 1000, 'float32', family='AMD Zen 5')\n"
+            "print(repr((tuple(u), u.detail['used'], tuple(k[:3]), k.detail['used'], k[3], floor_probe())))\n")
+    r = subprocess.run([sys.executable, "-c", code], cwd=CHILD_CWD, env=child_env(), capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+
+    u, u_used, k, k_used, k_how, probe_said = ast.literal_eval(r.stdout.strip())
+    assert u[:3] == (None, None, None) and u_used is None
+    assert u[3].startswith("unknown CPU: no published figures (100 FMAs, 1000 weight bytes); not measured: the "
+                           "floor probe is not built") and "pip install -e ." in u[3]
+    assert k_used == "published" and all(finite_positive(v) for v in k[:2]) and k[2] == "L1"
+    assert "; not measured: the floor probe is not built" in k_how
+    assert probe_said.startswith("the floor probe is not built")
