@@ -235,7 +235,6 @@ def test_without_the_compiled_probe_the_floor_says_why():
     r = subprocess.run([sys.executable, "-c", code], cwd=CHILD_CWD, env=child_env(), capture_output=True, text=True,
                        timeout=120)
     assert r.returncode == 0, r.stderr
-
     u, u_used, k, k_used, k_how, probe_said = ast.literal_eval(r.stdout.strip())
     assert u[:3] == (None, None, None) and u_used is None
     assert u[3].startswith("unknown CPU: no published figures (100 FMAs, 1000 weight bytes); not measured: the "
