@@ -237,7 +237,7 @@ def floor_measured(fmas: int, weight_bytes: int, dtype: str, m: dict | None = No
             mem_how += f" (the {used} rate: {level} not measured, {m['skipped'][level]})"
     how = (f"{m['isa']} at {m['clock']['ghz']:.2f} GHz (dependent adds): {fmas} FMAs at "
            f"{c['fmas_per_ns']:.1f} {dtype} FMAs/ns ({c['fmas_per_cycle']:.1f}/cycle, spread {c['spread']:.2f}); "
-           f"{mem_how}")
+           f"{mem_how}; each figure the p{m['percentile']} of {c['samples']} timed samples in C (bench/floor.py)")
     return {"compute": compute, "memory": memory, "cache_level": level, "how": how}
 
 

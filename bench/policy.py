@@ -471,8 +471,10 @@ def shape_figures(times, floor, alloc, peak, skipped):
     compute, memory, level, how = floor
     lo = _bound((compute, memory))
     detail = getattr(floor, "detail", None) or {}
-    each = {k: _bound((d["compute"], d["memory"])) if d else None
-            for k in ("measured", "published") for d in (detail.get(k),)}
+    each = {}
+    for which in ("measured", "published"):
+        d = detail.get(which)
+        each[which] = _bound((d["compute"], d["memory"])) if d else None
     ort_name = next((r for r in times if "IOBinding" in r), None)
     base = float(np.median(times[ort_name])) if ort_name else None
     result = []
