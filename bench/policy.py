@@ -519,12 +519,13 @@ def report(res, first_column="row"):
         title = (f"{sh['shape']}, {sh['dtype']} ({kernel}); floor {'; '.join(figures) or 'unknown'}; allocations "
                  f"per call {sh['allocations_per_call_bytes']:.3f} B")
         published = fl.get("published") is not None
+        first = "vs_measured_floor" if "measured" in fl else "vs_floor"    # (a record from before: one floor)
         rows = [[r["name"], fmt_ns(r["p50"]), fmt_ns(r["p99"]), fmt_ns(r["p999"]), fmt_ns(r["max"]),
-                 "-" if r["vs_onnxruntime"] is None else f"{r['vs_onnxruntime']:.1f}x",
-                 _ratio(r.get("vs_measured_floor", r["vs_floor"]))]
+                 "-" if r["vs_onnxruntime"] is None else f"{r['vs_onnxruntime']:.1f}x", _ratio(r.get(first))]
                 + ([_ratio(r.get("vs_published_floor"))] if published else []) for r in sh["rows"]]
         print_table(title, [first_column, "p50", "p99", "p99.9", "max", "onnxruntime p50 / row p50",
-                            "p50 / measured floor"] + (["p50 / published floor"] if published else []), rows, con)
+                            "p50 / measured floor" if "measured" in fl else "p50 / floor"]
+                    + (["p50 / published floor"] if published else []), rows, con)
         con.print(f"  floor: {fl['how']}")
         if sh["skipped"]:
             con.print(f"  skipped: {sh['skipped']}")
