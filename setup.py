@@ -39,6 +39,10 @@ extensions = [
     Extension("control_node.loop._rtloop", ["control_node/loop/_rtloop.pyx"],
               include_dirs=[numpy.get_include(), "kernels", "control_node/loop"],
               extra_compile_args=cflags, define_macros=macros),
+    # bench policy / bench recurrent's floor probe (timed read, multiply-add and clock loops): built with the
+    # package so that a wheel measures floors without a compiler; its vector copies pick themselves at run time
+    Extension("control_node.bench._floor_probe", ["bench/_floor_probe.pyx"], include_dirs=["bench/c"],
+              depends=["bench/c/floor_probe.h"], extra_compile_args=cflags),
 ]
 
 setup(ext_modules=cythonize(extensions, include_path=[STAGE], compiler_directives={"language_level": "3"},

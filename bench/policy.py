@@ -20,8 +20,10 @@ Rows per shape, interleaved call by call (A B C A B C ...) so that drift and hos
 Every row is checked against the numpy reference before timing. Each timing sample is ~100 us of
 back-to-back calls of one row (its per-call mean), samples interleaved round-robin between the rows;
 the table gives p50 / p99 / p99.9 / max over the samples. C-level rows: means over chunks of calls. Beside
-each shape: its floor, compute (FMAs / (FMA units x lanes x clock)) and memory (weight bytes / the
-bandwidth of the cache level the weights fit in), from the CPU's published figures (sources in FLOORS).
+each shape: its floor, compute (FMAs / the multiply-add rate) and memory (weight bytes / the read rate of the
+cache level the weights fit in), measured on this core at the start of the run (a timed read of a buffer
+sized to each cache level and DRAM, a timed FMA loop at the kernels' vector width: bench/floor.py) and, for
+a CPU family with published figures, from those too as a cross-check (sources in FLOORS).
 Run it alone: ``flock /tmp/control-node-bench.lock control-node bench policy``.
 """
 from __future__ import annotations
@@ -35,6 +37,8 @@ import numpy as np
 
 from control_node.bench.common import (LOCK_FILE, console, fmt_ns, machine_info, machine_lines, print_table,
                                       weights_read_row, write_json)
+from control_node.bench.floor import (FloorProbeError, cache_sizes, clock_hz, floor_measured, measure,
+                                     summary_lines)
 
 SHAPES = {
     "rsl_rl 48-512-256-128-12 ELU + normaliser": dict(sizes=[48, 512, 256, 128, 12], act="elu", norm=True,
@@ -91,49 +95,71 @@ def cpu_family() -> str | None:
     return None
 
 
-def cache_sizes() -> dict:
-    out = {}
-    base = "/sys/devices/system/cpu/cpu0/cache"
-    for idx in sorted(os.listdir(base)) if os.path.isdir(base) else []:
+#: bytes per stored weight by storage name (bfloat16 is no numpy dtype)
+STORAGE_ITEMSIZE = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "int8": 1}
+DETECT = "detect"       # floor_from's default family: this CPU's (cpu_family())
+
+
+def itemsize_of(dtype) -> int:
+    """Bytes per stored weight: an itemsize (1, 2, 4 or 8) or a storage name (STORAGE_ITEMSIZE) or numpy dtype."""
+    if isinstance(dtype, (int, np.integer)) and not isinstance(dtype, bool):
+        if int(dtype) not in (1, 2, 4, 8):
+            raise ValueError(f"weight itemsize: {dtype} is not 1, 2, 4 or 8 bytes")
+        return int(dtype)
+    name = dtype
+    if not isinstance(dtype, str):
         try:
-            level = open(f"{base}/{idx}/level").read().strip()
-            kind = open(f"{base}/{idx}/type").read().strip()
-            size = open(f"{base}/{idx}/size").read().strip()
-        except OSError:
-            continue
-        if kind in ("Data", "Unified"):
-            mult = {"K": 1024, "M": 1024 ** 2}.get(size[-1], 1)
-            out[f"L{level}"] = int(size.rstrip("KM")) * mult
-    return out
+            name = np.dtype(dtype).name
+        except TypeError:
+            name = None
+    if name in STORAGE_ITEMSIZE:
+        return STORAGE_ITEMSIZE[name]
+    raise ValueError(f"weight dtype: {dtype!r} is not one of {', '.join(STORAGE_ITEMSIZE)} (or an itemsize)")
 
 
-def clock_hz() -> float:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("cpu MHz"):
-                    return float(line.split(":")[1]) * 1e6
-    except OSError:
-        pass
-    return float("nan")
+def compute_dtype_of(dtype) -> str:
+    """The dtype a pass computes in: float64 for float64 weights, float32 for everything narrower (16-bit and
+    int8 weights are widened to float32 in registers)."""
+    return "float64" if itemsize_of(dtype) == 8 else "float32"
 
 
-def weight_bytes_of(sizes, dtype):
-    """Bytes of the dense weights and biases (unpadded)."""
-    return (sum(a * b for a, b in zip(sizes[:-1], sizes[1:])) + sum(sizes[1:])) * np.dtype(dtype).itemsize
+def storage_bytes(matrix_values: int, channels: int, dtype, compute_dtype=None) -> int:
+    """Bytes of ``matrix_values`` weights and ``channels`` output channels' biases stored as ``dtype`` (an
+    itemsize or a name). Storage narrower than the compute dtype (default: ``compute_dtype_of(dtype)``) is
+    weight storage only: biases stay at the compute size, and int8 adds one float32 scale per channel."""
+    s = itemsize_of(dtype)
+    c = itemsize_of(compute_dtype or compute_dtype_of(dtype))
+    if s >= c:
+        return (matrix_values + channels) * s
+    return matrix_values * s + channels * c + (channels * 4 if s == 1 else 0)
 
 
-def floor_of(sizes, dtype):
-    """(compute floor ns, memory floor ns, cache level, explanation) for one forward pass."""
-    return floor_from(sum(a * b for a, b in zip(sizes[:-1], sizes[1:])), weight_bytes_of(sizes, dtype), dtype)
+def weight_bytes_of(sizes, dtype, compute_dtype=None):
+    """Bytes of the dense weights and biases (unpadded) stored as ``dtype``: float64 / float32 / float16 /
+    bfloat16 / int8 or an itemsize (``storage_bytes``)."""
+    return storage_bytes(sum(a * b for a, b in zip(sizes[:-1], sizes[1:])), sum(sizes[1:]), dtype, compute_dtype)
 
 
-def floor_from(fmas, weight_bytes, dtype):
-    """(compute floor ns, memory floor ns, cache level, explanation) of a pass of ``fmas`` multiply-adds over
-    ``weight_bytes`` of weights, from the CPU family's published figures (FLOORS) at the stated clock."""
-    fam = cpu_family()
-    if fam is None:
-        return None, None, None, f"unknown CPU: no published figures ({fmas} FMAs, {weight_bytes} weight bytes)"
+def floor_of(sizes, dtype, storage=None):
+    """(compute floor ns, memory floor ns, cache level, explanation) for one forward pass computing in ``dtype``
+    with weights stored as ``storage`` (default: ``dtype``); see ``floor_from``."""
+    return floor_from(sum(a * b for a, b in zip(sizes[:-1], sizes[1:])),
+                      weight_bytes_of(sizes, storage or dtype, compute_dtype_of(dtype)), dtype)
+
+
+class Floor(tuple):
+    """``floor_from``'s answer, the tuple (compute ns, memory ns, cache level, explanation); ``detail`` holds
+    both floors: {used: "measured" | "published" | None, family, measured, published} (each {compute, memory,
+    cache_level, how} or None)."""
+
+    def __new__(cls, used: dict | None, detail: dict):
+        self = super().__new__(cls, (used["compute"], used["memory"], used["cache_level"], used["how"]) if used
+                               else (None, None, None, detail["how"]))
+        self.detail = detail
+        return self
+
+
+def _published(fam, fmas, weight_bytes, dtype) -> dict:
     f = FLOORS[fam]
     hz = clock_hz()
     lanes = f["vector_bytes"] // np.dtype(dtype).itemsize
@@ -141,9 +167,54 @@ def floor_from(fmas, weight_bytes, dtype):
     caches = cache_sizes()
     level = next((lv for lv in ("L1", "L2", "L3") if weight_bytes <= caches.get(lv, 0)), "L3")
     memory = weight_bytes / (f["bw"][level] * hz) * 1e9
-    return compute, memory, level, (f"{fam} at {hz / 1e9:.2f} GHz: {fmas} FMAs / ({f['fma_units']} x {lanes} "
-                                    f"lanes); {weight_bytes / 1024:.0f} KiB of weights from {level} at "
-                                    f"{f['bw'][level]} B/cycle. Source: {f['source']}")
+    return {"compute": compute, "memory": memory, "cache_level": level,
+            "how": (f"{fam} at {hz / 1e9:.2f} GHz: {fmas} FMAs / ({f['fma_units']} x {lanes} lanes); "
+                    f"{weight_bytes / 1024:.0f} KiB of weights from {level} at {f['bw'][level]} B/cycle. "
+                    f"Source: {f['source']}")}
+
+
+def floor_probe():
+    """This process's floor measurement (``bench/floor.py``: measured once, reused by every ``floor_from``),
+    or why it could not run."""
+    try:
+        return measure()
+    except FloorProbeError as e:
+        return str(e)
+
+
+def floor_from(fmas, weight_bytes, dtype, family=DETECT):
+    """(compute floor ns, memory floor ns, cache level, explanation) of a pass of ``fmas`` multiply-adds over
+    ``weight_bytes`` of weights (whatever their storage: the caller counts the bytes), computing in ``dtype``
+    (16-bit and int8 storage names compute in float32).
+
+    Both floors are computed: measured on this core (bench/floor.py, once per process) and, for a CPU family
+    in FLOORS, from its published figures at the stated clock. The tuple is the published one where the
+    family is known (comparable with earlier runs), the measured one otherwise; its explanation says which,
+    and ``.detail`` (a ``Floor``) holds both. ``family``: the family whose figures to look up (default: this
+    CPU's, ``cpu_family()``; None: an unknown CPU)."""
+    fam = cpu_family() if family == DETECT else family
+    cdt = compute_dtype_of(dtype)
+    try:
+        measured = floor_measured(fmas, weight_bytes, cdt)
+    except FloorProbeError as e:
+        measured = None
+        why_not = str(e)
+    published = _published(fam, fmas, weight_bytes, cdt) if fam in FLOORS else None
+    unknown = f"{fam or 'unknown CPU'}: no published figures"
+    if measured:
+        here = (f"compute {fmt_ns(measured['compute'])}, memory {fmt_ns(measured['memory'])} "
+                f"({measured['cache_level']}): {measured['how']}")
+    if published:
+        used, which = published, "published"
+        how = f"published: {published['how']}; " + (f"measured here: {here}" if measured else f"not measured: {why_not}")
+    elif measured:
+        used, which = measured, "measured"
+        how = f"measured here ({unknown}): {here}"
+    else:
+        used, which = None, None
+        how = f"{unknown} ({fmas} FMAs, {weight_bytes} weight bytes); not measured: {why_not}"
+    detail = {"used": which, "family": fam, "measured": measured, "published": published, "how": how}
+    return Floor(dict(used, how=how) if used else None, detail)
 
 
 def make_spec(cfg, dtype, seed=0):
@@ -386,40 +457,75 @@ def bench_shape(name, cfg, dtype, settings, log):
             "kernel": policy.kernel, **shape_figures(times, floor_of(cfg["sizes"], dtype), alloc, peak, skipped)}
 
 
+def _bound(fl):
+    """max(compute, memory) of a floor dict / tuple's figures, None if neither is known."""
+    known = [v for v in fl if v is not None]
+    return max(known) if known else None
+
+
 def shape_figures(times, floor, alloc, peak, skipped):
     """The measured part of a shape's record: per row percentiles, the ratio to onnxruntime's IOBinding row
-    (the baseline) and to the floor (a ``floor_from`` tuple), allocations, what was skipped and why."""
+    (the baseline) and to the floor (a ``floor_from`` tuple: ``vs_floor`` to the one it gives, and
+    ``vs_measured_floor`` / ``vs_published_floor`` to each where there is one), allocations, what was
+    skipped and why."""
     compute, memory, level, how = floor
-    lo = max(compute, memory) if compute is not None else None
+    lo = _bound((compute, memory))
+    detail = getattr(floor, "detail", None) or {}
+    each = {}
+    for which in ("measured", "published"):
+        d = detail.get(which)
+        each[which] = _bound((d["compute"], d["memory"])) if d else None
     ort_name = next((r for r in times if "IOBinding" in r), None)
     base = float(np.median(times[ort_name])) if ort_name else None
     result = []
     for rname, t in times.items():
         p = pct(t)
         p.update(name=rname, vs_onnxruntime=(base / p["p50"]) if base else None,
-                 vs_floor=(p["p50"] / lo) if lo else None)
+                 vs_floor=(p["p50"] / lo) if lo else None,
+                 **{f"vs_{k}_floor": (p["p50"] / v) if v else None for k, v in each.items()})
         result.append(p)
     return {"rows": result, "skipped": skipped,
-            "floor_ns": {"compute": compute, "memory": memory, "cache_level": level, "how": how},
+            "floor_ns": {"compute": compute, "memory": memory, "cache_level": level, "how": how,
+                         "used": detail.get("used"), "family": detail.get("family"),
+                         "measured": detail.get("measured"), "published": detail.get("published")},
             "allocations_per_call_bytes": alloc, "tracemalloc_peak_bytes": peak}
 
 
+def _ratio(v):
+    return "-" if v is None else f"{v:.2f}"
+
+
 def report(res, first_column="row"):
-    """The tables of a bench policy / bench recurrent result, one per shape."""
+    """The tables of a bench policy / bench recurrent result, one per shape: each row's p50 over the floor
+    measured here and, where the CPU family has published figures, over those too."""
     con = console()
     for line in machine_lines(res["machine"]):
         con.print(line)
+    probe = res.get("floor_probe")
+    for line in summary_lines(probe) if isinstance(probe, dict) else [f"floor measured here: {probe}"] if probe else []:
+        con.print(line)
     for sh in res["shapes"]:
         fl = sh["floor_ns"]
+        figures = []
+        for which in ("measured", "published"):
+            d = fl.get(which)
+            if d:
+                name = which + (f" ({fl['family']})" if which == "published" else "")
+                figures.append(f"{name}: compute {fmt_ns(d['compute'])}, memory {fmt_ns(d['memory'])} "
+                               f"({d['cache_level']})")
+        if not figures and fl.get("compute") is not None:      # a record written before both were kept
+            figures.append(f"compute {fmt_ns(fl['compute'])}, memory {fmt_ns(fl['memory'])} ({fl['cache_level']})")
         kernel = f"kernel {sh['isa']}" + (f", {sh['kernel']}" if sh.get("kernel") else "")
-        title = (f"{sh['shape']}, {sh['dtype']} ({kernel}); floor: compute "
-                 f"{fmt_ns(fl['compute'])}, memory {fmt_ns(fl['memory'])} ({fl['cache_level']}); allocations per "
-                 f"call {sh['allocations_per_call_bytes']:.3f} B")
+        title = (f"{sh['shape']}, {sh['dtype']} ({kernel}); floor {'; '.join(figures) or 'unknown'}; allocations "
+                 f"per call {sh['allocations_per_call_bytes']:.3f} B")
+        published = fl.get("published") is not None
+        first = "vs_measured_floor" if "measured" in fl else "vs_floor"    # (a record from before: one floor)
         rows = [[r["name"], fmt_ns(r["p50"]), fmt_ns(r["p99"]), fmt_ns(r["p999"]), fmt_ns(r["max"]),
-                 "-" if r["vs_onnxruntime"] is None else f"{r['vs_onnxruntime']:.1f}x",
-                 "-" if r["vs_floor"] is None else f"{r['vs_floor']:.2f}"] for r in sh["rows"]]
-        print_table(title, [first_column, "p50", "p99", "p99.9", "max", "onnxruntime p50 / row p50", "p50 / floor"],
-                    rows, con)
+                 "-" if r["vs_onnxruntime"] is None else f"{r['vs_onnxruntime']:.1f}x", _ratio(r.get(first))]
+                + ([_ratio(r.get("vs_published_floor"))] if published else []) for r in sh["rows"]]
+        print_table(title, [first_column, "p50", "p99", "p99.9", "max", "onnxruntime p50 / row p50",
+                            "p50 / measured floor" if "measured" in fl else "p50 / floor"]
+                    + (["p50 / published floor"] if published else []), rows, con)
         con.print(f"  floor: {fl['how']}")
         if sh["skipped"]:
             con.print(f"  skipped: {sh['skipped']}")
@@ -436,7 +542,8 @@ def main(argv=None) -> int:
     ap.add_argument("--json", help="write the results here")
     a = ap.parse_args(argv)
     settings = {"samples": a.samples, "chunks": a.chunks, "chunk": a.chunk}
-    res = {"machine": machine_info(), "settings": settings, "lock_file": LOCK_FILE, "shapes": []}
+    res = {"machine": machine_info(), "settings": settings, "lock_file": LOCK_FILE, "floor_probe": floor_probe(),
+           "shapes": []}
     for name in a.shape or SHAPES:
         cfg = SHAPES[name]
         for dtype in cfg["dtypes"]:

@@ -21,8 +21,9 @@ Every call is one step: the state is carried from call to call by every row, as 
 Every row is checked against the numpy reference (``reference_sequence``: 50 steps from the zero state)
 before timing. Timing samples are ~100 us of back-to-back calls of one row, interleaved round-robin
 between rows (helpers shared with ``bench policy``); the table gives p50 / p99 / p99.9 / max. Beside each
-shape: its floor (FMAs and weight bytes of the two gate matrix-vector products and the dense layers, from
-the CPU's published figures, as ``bench policy`` computes it). Run it alone:
+shape: its floor (FMAs and weight bytes of the two gate matrix-vector products and the dense layers, as
+``bench policy`` computes it: measured on this core, and from the CPU's published figures where known). Run
+it alone:
 ``flock /tmp/control-node-bench.lock control-node bench recurrent``.
 """
 from __future__ import annotations
@@ -32,7 +33,8 @@ import argparse
 import numpy as np
 
 from control_node.bench.common import (LOCK_FILE, machine_info, weights_read_row, write_json)
-from control_node.bench.policy import allocations_per_call, c_level, floor_from, per_call, report, shape_figures
+from control_node.bench.policy import (allocations_per_call, c_level, compute_dtype_of, floor_from, floor_probe,
+                                      per_call, report, shape_figures, storage_bytes)
 
 SHAPES = {
     "rsl_rl LSTM(48->256) + 256-128-12 ELU": dict(kind="lstm", n=48, H=256, dense=[128, 12]),
@@ -237,16 +239,19 @@ def _fmas(spec):
     return G * H * (n + H) + sum(a * b for a, b in zip(sizes[:-1], sizes[1:]))
 
 
-def weight_bytes_of(spec):
-    """Bytes of the gate matrices, both gate biases and the dense layers (unpadded)."""
+def weight_bytes_of(spec, storage=None):
+    """Bytes of the gate matrices, both gate biases and the dense layers (unpadded), the weights stored as
+    ``storage`` (default: the spec's dtype; float16 / bfloat16 / int8 or an itemsize: ``storage_bytes``)."""
     G, H = GATES[spec.recurrent], spec.hidden_size
-    return (_fmas(spec) + 2 * G * H + sum(spec.dense_sizes[1:])) * np.dtype(spec.dtype).itemsize
+    channels = 2 * G * H + sum(spec.dense_sizes[1:])
+    return storage_bytes(_fmas(spec), channels, storage or spec.dtype, compute_dtype_of(spec.dtype))
 
 
-def floor_of(spec):
+def floor_of(spec, storage=None):
     """(compute floor ns, memory floor ns, cache level, explanation) for one step: the gate products
-    G*H*(n + H) FMAs and the dense layers' (bench policy's figures)."""
-    return floor_from(_fmas(spec), weight_bytes_of(spec), spec.dtype)
+    G*H*(n + H) FMAs and the dense layers' (bench policy's ``floor_from``: measured here, and published where
+    the CPU family is known), the weights stored as ``storage`` (default: the spec's dtype)."""
+    return floor_from(_fmas(spec), weight_bytes_of(spec, storage), spec.dtype)
 
 
 def check_rows(name, spec, rows, resets, n_steps=50):
@@ -320,7 +325,8 @@ def main(argv=None) -> int:
     ap.add_argument("--json", help="write the results here")
     a = ap.parse_args(argv)
     settings = {"samples": a.samples, "chunks": a.chunks, "chunk": a.chunk, "alloc_calls": a.alloc_calls}
-    res = {"machine": machine_info(), "settings": settings, "lock_file": LOCK_FILE, "shapes": []}
+    res = {"machine": machine_info(), "settings": settings, "lock_file": LOCK_FILE, "floor_probe": floor_probe(),
+           "shapes": []}
     for name in a.shape or DEFAULT_SHAPES:
         res["shapes"].append(bench_shape(name, SHAPES[name], a.dtype, settings, lambda m: print(m, flush=True)))
     report(res, first_column="row (state carried)")
