@@ -61,6 +61,9 @@
 #include <string.h>
 
 #include "vmath.h"
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#endif
 
 #define MLP_MAX_LAYERS 16
 /* activation codes: kernels/model_file.py ACTIVATIONS holds the same numbers */
@@ -69,6 +72,11 @@ enum { MLP_ACT_IDENTITY = 0, MLP_ACT_RELU = 1, MLP_ACT_ELU = 2, MLP_ACT_SELU = 3
        MLP_N_ACT = 10 };
 enum { MLP_HEAD_ARGMAX = 0, MLP_HEAD_CONTINUOUS = 1 };
 enum { MLP_RNN_NONE = 0, MLP_RNN_LSTM = 1, MLP_RNN_GRU = 2 };     /* model_file.py RECURRENT, in this order */
+/* weight storage (kernels/weights.py STORAGE holds the same numbers): the model dtype itself, IEEE half,
+ * bfloat16, int8 with a float32 scale per output channel */
+enum { MLP_W_NATIVE = 0, MLP_W_F16 = 1, MLP_W_BF16 = 2, MLP_W_INT8 = 3 };
+/* the vector copy asked for (Policy(spec, isa=...)): the widest the CPU has, or one named */
+enum { MLP_ISA_AUTO = 0, MLP_ISA_PORTABLE = 1, MLP_ISA_AVX2 = 2, MLP_ISA_AVX512 = 3 };
 #define MLP_BLOCK_BYTES 64   /* padding and alignment of every row */
 #define MLP_PANEL_BYTES 256  /* axpy matrices: column panels of this width (8 AVX2 / 4 AVX-512 vectors) */
 
@@ -78,6 +86,39 @@ enum { MLP_RNN_NONE = 0, MLP_RNN_LSTM = 1, MLP_RNN_GRU = 2 };     /* model_file.
 #define MLP_INLINE static inline
 #endif
 
+
+/* IEEE half -> float in integer arithmetic (the portable copies; F16C / AVX-512 use VCVTPH2PS): the 15 bits
+ * of exponent and mantissa moved to a float's place and scaled by 2^112 (the bias difference) is exact for
+ * normals, subnormals and zero. No inf / NaN reaches here: kernels/weights.py refuses weights a half cannot
+ * hold. */
+static inline float mlp_half_to_float(uint16_t h) {
+    uint32_t em = (uint32_t)(h & 0x7fff) << 13, u;
+    float f;
+    memcpy(&f, &em, 4);
+    f *= 0x1p112f;
+    memcpy(&u, &f, 4);
+    u |= (uint32_t)(h & 0x8000) << 16;
+    memcpy(&f, &u, 4);
+    return f;
+}
+static inline float mlp_bf16_to_float(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+/* Weight loaders for the generic copy (non-x86, or the -march=native build): lane by lane in C, which the
+ * compiler vectorises as the target allows. LDP##_h / _bh / _q load one VT from stored f16 / bf16 / int8,
+ * LDP##_s one VT of float32 scales. */
+#define MLP_LD_SCALAR(T, VT, LDP)                                                     \
+MLP_INLINE VT LDP##_h(const uint16_t *p) {                                            \
+    VT v; for (int k = 0; k < (int)(sizeof(VT) / sizeof(T)); k++) v[k] = (T)mlp_half_to_float(p[k]); return v; } \
+MLP_INLINE VT LDP##_bh(const uint16_t *p) {                                           \
+    VT v; for (int k = 0; k < (int)(sizeof(VT) / sizeof(T)); k++) v[k] = (T)mlp_bf16_to_float(p[k]); return v; } \
+MLP_INLINE VT LDP##_q(const int8_t *p) {                                              \
+    VT v; for (int k = 0; k < (int)(sizeof(VT) / sizeof(T)); k++) v[k] = (T)p[k]; return v; } \
+MLP_INLINE VT LDP##_s(const float *p) {                                               \
+    VT v; for (int k = 0; k < (int)(sizeof(VT) / sizeof(T)); k++) v[k] = (T)p[k]; return v; }
 
 /* Accumulators are GCC vector-extension values, not arrays: arrays get spilled to
  * the stack with mixed-width stores and reloads, and the failed store-to-load
@@ -93,23 +134,30 @@ enum { MLP_RNN_NONE = 0, MLP_RNN_LSTM = 1, MLP_RNN_GRU = 2 };     /* model_file.
 /* ... only for a matrix larger than this: for one that stays in L1 / L2 the prefetches are */
 /* pure overhead (4 extra instructions per 8 FMAs; PPO 3-64-64-1 ran 264 -> 326 ns with them). */
 #define MLP_PREFETCH_MIN_BYTES (256 * 1024)
-#define MLP_AXPY_NB(T, VT, NAME, NB, PF, SUFFIX)                                      \
+/* Weights may be stored narrower than the compute dtype T (m->wkind, MLP_W_*): WT is the stored element,
+ * LD(p) loads one vector of T from LN stored values and converts it in registers (no wider copy is kept);
+ * SCALED (int8): the sums run over the raw integers and each output is multiplied by its channel's float32
+ * scale (SLD) before the bias is added. For the native storage LD is a plain load and SCALED 0, so the
+ * float32 / float64 kernels compile to what they were. */
+#define MLP_AXPY_NB(T, VT, NAME, NB, PF, SUFFIX, WT, LD, SLD, SCALED)                 \
 MLP_INLINE void NAME##_axpy_nb##NB##SUFFIX(const T *restrict in, int n_in,            \
-                                   const T *restrict W, int stride,                   \
-                                   const T *restrict b, T *restrict out, int relu) {  \
-    enum { LINES = (NB * (int)sizeof(VT) + 63) / 64 };                                \
+                                   const WT *restrict W, int stride,                  \
+                                   const T *restrict b, const float *restrict s,      \
+                                   T *restrict out, int relu) {                       \
+    enum { LN = (int)(sizeof(VT) / sizeof(T)), LINES = (NB * LN * (int)sizeof(WT) + 63) / 64 }; \
     VT acc[NB];                                                                       \
-    for (int q = 0; q < NB; q++) acc[q] = ((const VT *)b)[q];                         \
+    for (int q = 0; q < NB; q++) acc[q] = SCALED ? (VT){0} : ((const VT *)b)[q];      \
     for (int i = 0; i < n_in; i++) {                                                  \
         const T x0 = in[i];                                                           \
-        const VT *w0 = (const VT *)(W + (size_t)i * stride);                          \
+        const WT *w0 = W + (size_t)i * stride;                                        \
         if (PF)                                                                       \
             for (int k = 0; k < LINES; k++)                                           \
                 __builtin_prefetch((const char *)w0 + MLP_PREFETCH_BYTES + 64 * k, 0, 3); \
-        for (int q = 0; q < NB; q++) acc[q] += x0 * w0[q];                            \
+        for (int q = 0; q < NB; q++) acc[q] += x0 * LD(w0 + q * LN);                  \
     }                                                                                 \
     for (int q = 0; q < NB; q++) {                                                    \
         VT v = acc[q];                                                                \
+        if (SCALED) v = v * SLD(s + q * LN) + ((const VT *)b)[q];                     \
         if (relu) v = NAME##_relu(v);                                                 \
         ((VT *)out)[q] = v;                                                           \
     }                                                                                 \
@@ -163,6 +211,61 @@ MLP_INLINE VT NAME##_tsum(const VT *c) {                                        
          + MLP_SH(VI, w[0], w[1], 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31); \
 }
 
+/* The weight-reading kernels for one storage WSFX (see MLP_AXPY_NB): WT stored elements at the same element
+ * offsets as the T layout (panels and padded rows are counted in T's lanes), so one layout serves every
+ * storage and only the bytes read shrink.
+ *
+ * panels: out = b + W^T in for W in panels (pg / PW panels of (n_in, PW) values, PW = 256 bytes of T, each
+ * contiguous): one pass of the 8-vector kernel per panel (two with 16-byte vectors; a 4-vector pass with
+ * 64-byte ones). Dense axpy layers and the recurrent gates use it.
+ * layer_dot: BLK outputs at a time, one partial-sum vector each (the inputs run in the outer loop, so BLK
+ * independent FMA chains overlap); the BLK vectors are then transposed and added in one shuffle tree. Wt has
+ * its rows padded to 64 bytes of T (zero rows), so whole groups never read past it. */
+#define MLP_WEIGHTS(T, VT, NAME, WSFX, WT, LD, SLD, SCALED)                            \
+MLP_AXPY_NB(T, VT, NAME, 4, 0, WSFX, WT, LD, SLD, SCALED)                             \
+MLP_AXPY_NB(T, VT, NAME, 8, 0, WSFX, WT, LD, SLD, SCALED)                             \
+MLP_AXPY_NB(T, VT, NAME, 4, 1, WSFX##_pf, WT, LD, SLD, SCALED)                        \
+MLP_AXPY_NB(T, VT, NAME, 8, 1, WSFX##_pf, WT, LD, SLD, SCALED)                        \
+MLP_INLINE void NAME##_panels##WSFX(const T *restrict in, int n_in, const WT *restrict W, \
+                                    const T *restrict b, const float *restrict s,     \
+                                    T *restrict out, int pg, int relu) {              \
+    enum { BLK = (int)(sizeof(VT) / sizeof(T)), PW = MLP_PANEL_BYTES / (int)sizeof(T), \
+           NBP = PW / BLK >= 8 ? 8 : 4, STEP = NBP * BLK };                            \
+    const int pf = (size_t)n_in * (size_t)pg * sizeof(WT) > MLP_PREFETCH_MIN_BYTES;   \
+    for (int p0 = 0; p0 < pg; p0 += PW) {                                             \
+        const WT *Wp = W + (size_t)p0 * n_in;                                         \
+        for (int q = 0; q < PW; q += STEP) {                                          \
+            const WT *Wq = Wp + q;                                                    \
+            const T *bq = b + p0 + q;                                                 \
+            const float *sq = SCALED ? s + p0 + q : s;                                \
+            T *oq = out + p0 + q;                                                     \
+            if (NBP == 8 && pf) NAME##_axpy_nb8##WSFX##_pf(in, n_in, Wq, PW, bq, sq, oq, relu); \
+            else if (NBP == 8) NAME##_axpy_nb8##WSFX(in, n_in, Wq, PW, bq, sq, oq, relu); \
+            else if (pf) NAME##_axpy_nb4##WSFX##_pf(in, n_in, Wq, PW, bq, sq, oq, relu); \
+            else NAME##_axpy_nb4##WSFX(in, n_in, Wq, PW, bq, sq, oq, relu);           \
+        }                                                                             \
+    }                                                                                 \
+}                                                                                     \
+MLP_INLINE void NAME##_layer_dot##WSFX(const T *restrict in, int pn_in, const WT *restrict Wt, \
+                                       const T *restrict b, const float *restrict s,  \
+                                       T *restrict out, int n_out, int relu) {        \
+    enum { BLK = (int)(sizeof(VT) / sizeof(T)) };                                     \
+    const VT *xv = (const VT *)in;                                                    \
+    const int nb = pn_in / BLK;                                                       \
+    for (int j0 = 0; j0 < n_out; j0 += BLK) {                                         \
+        const WT *w = Wt + (size_t)j0 * pn_in;                                        \
+        VT acc[BLK];                                                                  \
+        for (int k = 0; k < BLK; k++) acc[k] = xv[0] * LD(w + (size_t)k * pn_in);     \
+        for (int q = 1; q < nb; q++)                                                  \
+            for (int k = 0; k < BLK; k++) acc[k] += xv[q] * LD(w + (size_t)k * pn_in + q * BLK); \
+        VT v = NAME##_tsum(acc);                                                      \
+        if (SCALED) v = v * SLD(s + j0);                                              \
+        v += *(const VT *)(b + j0);                                                   \
+        if (relu) v = NAME##_relu(v);                                                 \
+        *(VT *)(out + j0) = v;                                                        \
+    }                                                                                 \
+}
+
 #define MLP_STRUCT(T, NAME)                                                           \
 typedef struct NAME##_s NAME;                                                         \
 struct NAME##_s {                                                                     \
@@ -172,7 +275,7 @@ struct NAME##_s {                                                               
     int dot_form[MLP_MAX_LAYERS];                                                     \
     const double *mean;                   /* (dims[0],) float64, padded */            \
     const double *scale;                  /* (dims[0],) float64, never 0, padded */   \
-    const T *W[MLP_MAX_LAYERS];                                                       \
+    const void *W[MLP_MAX_LAYERS];        /* T, or the narrower storage of wkind */   \
     const T *b[MLP_MAX_LAYERS];                                                       \
     T *act[MLP_MAX_LAYERS + 1];                                                       \
     int act_code[MLP_MAX_LAYERS];         /* MLP_ACT_* per dense layer */             \
@@ -190,18 +293,22 @@ struct NAME##_s {                                                               
     T *xin;                               /* pre-processed observation, padded (act[0] without one) */ \
     int H, pH;                            /* hidden size; padded to 64 bytes */       \
     int pg;                               /* G*pH padded to whole MLP_PANEL_BYTES panels */ \
-    const T *Wx, *Wh;                     /* panels (pg/PW, n_obs or H, PW): gate blocks of pH */ \
+    const void *Wx, *Wh;                  /* panels (pg/PW, n_obs or H, PW): gate blocks of pH */ \
     const T *bx, *bh;                     /* (pg,): b_ih, b_hh in the same blocks */  \
     T *gx, *gh;                           /* (pg,) scratch: the two matrix-vector products */ \
     T *h, *c;                             /* state (pH,): h == act[0]; c NULL for a GRU */ \
     int64_t *resets;                      /* ++ on every non-finite state reset (or NULL) */ \
+    int wkind;                            /* MLP_W_*: how W, Wx, Wh are stored */     \
+    const float *ws[MLP_MAX_LAYERS];      /* int8: per-output scales, laid out as b */ \
+    const float *wsx, *wsh;               /* int8: scales of Wx, Wh, laid out as bx */ \
+    int isa_want;                         /* MLP_ISA_*: the copy asked for (0: widest) */ \
     int (*forward)(NAME *, const double *);     /* chosen by NAME##_init */           \
     int (*act_fn)(NAME *, const double *, double *);                                   \
     void (*forward_batch)(NAME *, const double *, ptrdiff_t, ptrdiff_t, int64_t *);   \
     int64_t (*chain)(NAME *, const double *, ptrdiff_t, ptrdiff_t, ptrdiff_t);        \
 };
 
-#define MLP_KERNELS(T, VT, VI, NAME, BLK, SFX, RELU)                                  \
+#define MLP_KERNELS(T, VT, VI, NAME, BLK, SFX, RELU, LDP)                             \
 /* ReLU as one max instruction where the ISA has it (RELU), else by mask; either */   \
 /* way v < 0 becomes 0 and a NaN stays NaN, so a broken input cannot look valid. */   \
 MLP_INLINE VT NAME##SFX##_relu(VT v) { return RELU(v); }                              \
@@ -224,57 +331,30 @@ MLP_INLINE void NAME##SFX##_activate_row(T *restrict out, int pn, int code, T al
     default: break;                    /* identity, and ReLU (fused into the layer) */ \
     }                                                                                 \
 }                                                                                     \
-/* axpy form on panels: 8 (or 4 when a panel holds only 4) vectors of outputs at once. */ \
-MLP_AXPY_NB(T, VT, NAME##SFX, 4, 0, )                                                 \
-MLP_AXPY_NB(T, VT, NAME##SFX, 8, 0, )                                                 \
-MLP_AXPY_NB(T, VT, NAME##SFX, 4, 1, _pf)                                              \
-MLP_AXPY_NB(T, VT, NAME##SFX, 8, 1, _pf)                                              \
+MLP_INLINE VT NAME##SFX##_ld_native(const T *p) { return *(const VT *)p; }            \
 MLP_TSUM_##BLK(VT, VI, NAME##SFX)                                                     \
-                                                                                      \
-/* out = b + W^T in for W in panels (pg / PW panels of (n_in, PW) values, PW = 256 bytes, */ \
-/* each contiguous): one pass of the 8-vector kernel per panel (two with 16-byte vectors; */ \
-/* a 4-vector pass with 64-byte ones). Dense axpy layers and the recurrent gates use it. */ \
-MLP_INLINE void NAME##SFX##_panels(const T *restrict in, int n_in, const T *restrict W,   \
-                                   const T *restrict b, T *restrict out, int pg, int relu) { \
-    enum { PW = MLP_PANEL_BYTES / (int)sizeof(T), NBP = PW / BLK >= 8 ? 8 : 4, STEP = NBP * BLK }; \
-    const int pf = (size_t)n_in * (size_t)pg * sizeof(T) > MLP_PREFETCH_MIN_BYTES;    \
-    for (int p0 = 0; p0 < pg; p0 += PW) {                                             \
-        const T *Wp = W + (size_t)p0 * n_in;                                          \
-        for (int q = 0; q < PW; q += STEP) {                                          \
-            const T *Wq = Wp + q, *bq = b + p0 + q;                                   \
-            T *oq = out + p0 + q;                                                     \
-            if (NBP == 8 && pf) NAME##SFX##_axpy_nb8_pf(in, n_in, Wq, PW, bq, oq, relu); \
-            else if (NBP == 8) NAME##SFX##_axpy_nb8(in, n_in, Wq, PW, bq, oq, relu);  \
-            else if (pf) NAME##SFX##_axpy_nb4_pf(in, n_in, Wq, PW, bq, oq, relu);     \
-            else NAME##SFX##_axpy_nb4(in, n_in, Wq, PW, bq, oq, relu);                \
-        }                                                                             \
+/* the weight kernels once per storage: T itself, f16 (_h), bf16 (_bh), int8 (_q) */ \
+MLP_WEIGHTS(T, VT, NAME##SFX, , T, NAME##SFX##_ld_native, LDP##_s, 0)                 \
+MLP_WEIGHTS(T, VT, NAME##SFX, _h, uint16_t, LDP##_h, LDP##_s, 0)                      \
+MLP_WEIGHTS(T, VT, NAME##SFX, _bh, uint16_t, LDP##_bh, LDP##_s, 0)                    \
+MLP_WEIGHTS(T, VT, NAME##SFX, _q, int8_t, LDP##_q, LDP##_s, 1)                        \
+/* one switch per layer on the storage (settled at load; the branch always goes the same way) */ \
+MLP_INLINE void NAME##SFX##_panels_w(const T *restrict in, int n_in, const void *W, const T *restrict b, \
+                                     const float *s, T *restrict out, int pg, int relu, int wkind) { \
+    switch (wkind) {                                                                  \
+    case MLP_W_F16: NAME##SFX##_panels_h(in, n_in, (const uint16_t *)W, b, s, out, pg, relu); break; \
+    case MLP_W_BF16: NAME##SFX##_panels_bh(in, n_in, (const uint16_t *)W, b, s, out, pg, relu); break; \
+    case MLP_W_INT8: NAME##SFX##_panels_q(in, n_in, (const int8_t *)W, b, s, out, pg, relu); break; \
+    default: NAME##SFX##_panels(in, n_in, (const T *)W, b, s, out, pg, relu); break;  \
     }                                                                                 \
 }                                                                                     \
-MLP_INLINE void NAME##SFX##_layer_axpy(const T *restrict in, int n_in,                \
-                                  const T *restrict W, const T *restrict b,           \
-                                  T *restrict out, int pn_out, int relu) {            \
-    enum { PW = MLP_PANEL_BYTES / (int)sizeof(T) };                                   \
-    NAME##SFX##_panels(in, n_in, W, b, out, (pn_out + PW - 1) / PW * PW, relu);       \
-}                                                                                     \
-                                                                                      \
-/* dot form: BLK outputs at a time, one partial-sum vector each (the inputs run in */ \
-/* the outer loop, so BLK independent FMA chains overlap); the BLK vectors are then */ \
-/* transposed and added in one shuffle tree. Wt has its rows padded to 64 bytes */    \
-/* (zero rows), so whole groups never read past it. */                               \
-MLP_INLINE void NAME##SFX##_layer_dot(const T *restrict in, int pn_in,                \
-                                 const T *restrict Wt, const T *restrict b,           \
-                                 T *restrict out, int n_out, int relu) {              \
-    const VT *xv = (const VT *)in;                                                    \
-    const int nb = pn_in / BLK;                                                       \
-    for (int j0 = 0; j0 < n_out; j0 += BLK) {                                         \
-        const VT *w = (const VT *)(Wt + (size_t)j0 * pn_in);                          \
-        VT acc[BLK];                                                                  \
-        for (int k = 0; k < BLK; k++) acc[k] = xv[0] * w[k * nb];                     \
-        for (int q = 1; q < nb; q++)                                                  \
-            for (int k = 0; k < BLK; k++) acc[k] += xv[q] * w[k * nb + q];            \
-        VT v = NAME##SFX##_tsum(acc) + *(const VT *)(b + j0);                         \
-        if (relu) v = NAME##SFX##_relu(v);                                            \
-        *(VT *)(out + j0) = v;                                                        \
+MLP_INLINE void NAME##SFX##_layer_dot_w(const T *restrict in, int pn_in, const void *Wt, const T *restrict b, \
+                                        const float *s, T *restrict out, int n_out, int relu, int wkind) { \
+    switch (wkind) {                                                                  \
+    case MLP_W_F16: NAME##SFX##_layer_dot_h(in, pn_in, (const uint16_t *)Wt, b, s, out, n_out, relu); break; \
+    case MLP_W_BF16: NAME##SFX##_layer_dot_bh(in, pn_in, (const uint16_t *)Wt, b, s, out, n_out, relu); break; \
+    case MLP_W_INT8: NAME##SFX##_layer_dot_q(in, pn_in, (const int8_t *)Wt, b, s, out, n_out, relu); break; \
+    default: NAME##SFX##_layer_dot(in, pn_in, (const T *)Wt, b, s, out, n_out, relu); break; \
     }                                                                                 \
 }                                                                                     \
                                                                                       \
@@ -316,12 +396,13 @@ MLP_INLINE void NAME##SFX##_dense(NAME *m) {                                    
     const int L = m->n_layers;                                                        \
     for (int l = 0; l < L; l++) {                                                     \
         const int code = m->act_code[l], relu = code == MLP_ACT_RELU;                 \
+        enum { PW = MLP_PANEL_BYTES / (int)sizeof(T) };                               \
         if (m->dot_form[l])                                                           \
-            NAME##SFX##_layer_dot(m->act[l], m->pdims[l], m->W[l], m->b[l],           \
-                             m->act[l + 1], m->dims[l + 1], relu);                    \
-        else                                                                          \
-            NAME##SFX##_layer_axpy(m->act[l], m->dims[l], m->W[l], m->b[l],           \
-                              m->act[l + 1], m->pdims[l + 1], relu);                  \
+            NAME##SFX##_layer_dot_w(m->act[l], m->pdims[l], m->W[l], m->b[l], m->ws[l], \
+                                    m->act[l + 1], m->dims[l + 1], relu, m->wkind);   \
+        else            /* axpy: outputs to whole panels */                           \
+            NAME##SFX##_panels_w(m->act[l], m->dims[l], m->W[l], m->b[l], m->ws[l], m->act[l + 1], \
+                                 (m->pdims[l + 1] + PW - 1) / PW * PW, relu, m->wkind); \
         if (code > MLP_ACT_RELU)                                                      \
             NAME##SFX##_activate_row(m->act[l + 1], m->pdims[l + 1], code, (T)m->alpha[l]); \
     }                                                                                 \
@@ -376,8 +457,8 @@ MLP_INLINE int NAME##SFX##_rnn_gates(NAME *m, const int pH, const int nv, const 
 /* the new state is not finite (the state is then zero and *resets incremented). */  \
 MLP_INLINE int NAME##SFX##_rnn_step(NAME *m) {                                        \
     const int pH = m->pH, nv = pH / BLK, lstm = m->rnn == MLP_RNN_LSTM;               \
-    NAME##SFX##_panels(m->xin, m->n_obs, m->Wx, m->bx, m->gx, m->pg, 0);                 \
-    NAME##SFX##_panels(m->h, m->H, m->Wh, m->bh, m->gh, m->pg, 0);                       \
+    NAME##SFX##_panels_w(m->xin, m->n_obs, m->Wx, m->bx, m->wsx, m->gx, m->pg, 0, m->wkind); \
+    NAME##SFX##_panels_w(m->h, m->H, m->Wh, m->bh, m->wsh, m->gh, m->pg, 0, m->wkind); \
     return NAME##SFX##_rnn_gates(m, pH, nv, lstm);                                    \
 }                                                                                     \
 MLP_INLINE int NAME##SFX##_rnn_body(NAME *m, const double *x) {                       \
@@ -569,9 +650,9 @@ static inline int mlp_small_shape(int n_layers, int n_in, int n_hidden, int n_ou
 #define MLP_SMALL_RULE(m, itemsize) (mlp_small_shape((m)->n_layers, (m)->dims[0], (m)->dims[1], (m)->dims[2], \
                                                     (itemsize)) \
                            && (m)->act_code[0] == MLP_ACT_RELU && (m)->act_code[1] == MLP_ACT_IDENTITY \
-                           && (m)->head == MLP_HEAD_ARGMAX && !(m)->pre && !(m)->rnn)
+                           && (m)->head == MLP_HEAD_ARGMAX && !(m)->pre && !(m)->rnn && !(m)->wkind)
 /* ... and laid out for them: an axpy hidden layer (row-major), a dot head. */
-#define MLP_SMALL_FITS(m) (MLP_SMALL_RULE(m, (int)sizeof(**(m)->W)) && !(m)->dot_form[0] && (m)->dot_form[1] \
+#define MLP_SMALL_FITS(m) (MLP_SMALL_RULE(m, (int)sizeof(*(m)->act[0])) && !(m)->dot_form[0] && (m)->dot_form[1] \
                            && (m)->small_layout)
 
 /* x86 MAXPD/MAXPS return the second operand when either is NaN: max(0, v) keeps NaN. */
@@ -655,12 +736,18 @@ typedef int32_t mlp_v8i __attribute__((vector_size(32)));
 #define MLP_RELU_V4D(v) ((mlp_v4d)((mlp_v4l)(v) & ~(mlp_v4l)((v) < 0)))
 #define MLP_RELU_V8F(v) ((mlp_v8f)((mlp_v8i)(v) & ~(mlp_v8i)((v) < 0)))
 #endif
-MLP_KERNELS(double, mlp_v4d, mlp_v4l, mlp_f64, 4, _one, MLP_RELU_V4D)
-MLP_KERNELS(float, mlp_v8f, mlp_v8i, mlp_f32, 8, _one, MLP_RELU_V8F)
+MLP_LD_SCALAR(double, mlp_v4d, mlp_ld_f64_one)
+MLP_LD_SCALAR(float, mlp_v8f, mlp_ld_f32_one)
+MLP_KERNELS(double, mlp_v4d, mlp_v4l, mlp_f64, 4, _one, MLP_RELU_V4D, mlp_ld_f64_one)
+MLP_KERNELS(float, mlp_v8f, mlp_v8i, mlp_f32, 8, _one, MLP_RELU_V8F, mlp_ld_f32_one)
 MLP_SMALL_ALL(mlp_v4d, mlp_v8f, 4, 8, _one)
 MLP_STREAM_READ(mlp_v8f, _one)
 static float mlp_stream_read(const float *p, size_t n) { return mlp_stream_read_one(p, n); }
 #define MLP_PICK(NAME, m) do { MLP_SET(NAME, m, _one, mlp_isa()); if (MLP_SMALL_FITS(m)) NAME##_pick_small_one(m); } while (0)
+/* One copy only: a named copy cannot be chosen. */
+static const char *mlp_isa_missing(int want) {
+    return want == MLP_ISA_AUTO ? NULL : "a portable build (this one has a single -march=native / generic copy)";
+}
 static const char *mlp_isa(void) {
 #if defined(MLP_NATIVE)
     return "native";
@@ -676,8 +763,38 @@ typedef float mlp_v4f __attribute__((vector_size(16)));
 typedef int32_t mlp_v4i __attribute__((vector_size(16)));
 #define MLP_RELU_MAXPD(v) __builtin_ia32_maxpd((mlp_v2d){0}, (v))
 #define MLP_RELU_MAXPS(v) __builtin_ia32_maxps((mlp_v4f){0}, (v))
-MLP_KERNELS(double, mlp_v2d, mlp_v2l, mlp_f64, 2, _sse2, MLP_RELU_MAXPD)
-MLP_KERNELS(float, mlp_v4f, mlp_v4i, mlp_f32, 4, _sse2, MLP_RELU_MAXPS)
+/* SSE2 weight loaders (the portable copy: no F16C): f16 by integer arithmetic (mlp_half_to_float's), */
+/* bf16 by interleaving zeros below it, int8 sign-extended by duplicating bytes and an arithmetic shift. */
+static inline uint32_t mlp_ld4(const void *p) { uint32_t v; memcpy(&v, p, 4); return v; }
+static inline uint16_t mlp_ld2(const void *p) { uint16_t v; memcpy(&v, p, 2); return v; }
+MLP_INLINE __m128 mlp_sse2_h4(__m128i u) {           /* u: 4 halves in the low 16 bits of 32-bit lanes */
+    const __m128i em = _mm_slli_epi32(_mm_and_si128(u, _mm_set1_epi32(0x7fff)), 13);
+    const __m128i sg = _mm_slli_epi32(_mm_and_si128(u, _mm_set1_epi32(0x8000)), 16);
+    const __m128 f = _mm_mul_ps(_mm_castsi128_ps(em), _mm_set1_ps(0x1p112f));
+    return _mm_or_ps(f, _mm_castsi128_ps(sg));
+}
+MLP_INLINE __m128i mlp_sse2_i8x4(uint32_t b) {      /* 4 int8 -> 4 int32 */
+    __m128i v = _mm_cvtsi32_si128((int)b);
+    v = _mm_unpacklo_epi8(v, v);
+    v = _mm_unpacklo_epi16(v, v);
+    return _mm_srai_epi32(v, 24);
+}
+MLP_INLINE mlp_v4f mlp_ld_f32_sse2_h(const uint16_t *p) {
+    return (mlp_v4f)mlp_sse2_h4(_mm_unpacklo_epi16(_mm_loadl_epi64((const __m128i *)p), _mm_setzero_si128())); }
+MLP_INLINE mlp_v4f mlp_ld_f32_sse2_bh(const uint16_t *p) {
+    return (mlp_v4f)_mm_castsi128_ps(_mm_unpacklo_epi16(_mm_setzero_si128(), _mm_loadl_epi64((const __m128i *)p))); }
+MLP_INLINE mlp_v4f mlp_ld_f32_sse2_q(const int8_t *p) { return (mlp_v4f)_mm_cvtepi32_ps(mlp_sse2_i8x4(mlp_ld4(p))); }
+MLP_INLINE mlp_v4f mlp_ld_f32_sse2_s(const float *p) { return (mlp_v4f)_mm_loadu_ps(p); }
+MLP_INLINE mlp_v2d mlp_ld_f64_sse2_h(const uint16_t *p) {
+    return (mlp_v2d)_mm_cvtps_pd(mlp_sse2_h4(_mm_unpacklo_epi16(_mm_cvtsi32_si128((int)mlp_ld4(p)), _mm_setzero_si128()))); }
+MLP_INLINE mlp_v2d mlp_ld_f64_sse2_bh(const uint16_t *p) {
+    return (mlp_v2d)_mm_cvtps_pd(_mm_castsi128_ps(_mm_unpacklo_epi16(_mm_setzero_si128(),
+                                                                     _mm_cvtsi32_si128((int)mlp_ld4(p))))); }
+MLP_INLINE mlp_v2d mlp_ld_f64_sse2_q(const int8_t *p) { return (mlp_v2d)_mm_cvtepi32_pd(mlp_sse2_i8x4(mlp_ld2(p))); }
+MLP_INLINE mlp_v2d mlp_ld_f64_sse2_s(const float *p) {
+    return (mlp_v2d)_mm_cvtps_pd(_mm_castsi128_ps(_mm_loadl_epi64((const __m128i *)p))); }
+MLP_KERNELS(double, mlp_v2d, mlp_v2l, mlp_f64, 2, _sse2, MLP_RELU_MAXPD, mlp_ld_f64_sse2)
+MLP_KERNELS(float, mlp_v4f, mlp_v4i, mlp_f32, 4, _sse2, MLP_RELU_MAXPS, mlp_ld_f32_sse2)
 MLP_SMALL_ALL(mlp_v2d, mlp_v4f, 2, 4, _sse2)
 MLP_STREAM_READ(mlp_v4f, _sse2)
 
@@ -691,8 +808,22 @@ typedef double mlp_v4d __attribute__((vector_size(32)));
 typedef int64_t mlp_v4l __attribute__((vector_size(32)));
 typedef float mlp_v8f __attribute__((vector_size(32)));
 typedef int32_t mlp_v8i __attribute__((vector_size(32)));
-MLP_KERNELS(double, mlp_v4d, mlp_v4l, mlp_f64, 4, _avx2, MLP_RELU_MAXPD256)
-MLP_KERNELS(float, mlp_v8f, mlp_v8i, mlp_f32, 8, _avx2, MLP_RELU_MAXPS256)
+/* AVX2 + F16C weight loaders: VCVTPH2PS; bf16 zero-extended and shifted into place; int8 VPMOVSXBD + convert */
+MLP_INLINE mlp_v8f mlp_ld_f32_avx2_h(const uint16_t *p) { return (mlp_v8f)_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
+MLP_INLINE mlp_v8f mlp_ld_f32_avx2_bh(const uint16_t *p) {
+    return (mlp_v8f)_mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16)); }
+MLP_INLINE mlp_v8f mlp_ld_f32_avx2_q(const int8_t *p) {
+    return (mlp_v8f)_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p))); }
+MLP_INLINE mlp_v8f mlp_ld_f32_avx2_s(const float *p) { return (mlp_v8f)_mm256_loadu_ps(p); }
+MLP_INLINE mlp_v4d mlp_ld_f64_avx2_h(const uint16_t *p) {
+    return (mlp_v4d)_mm256_cvtps_pd(_mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)p))); }
+MLP_INLINE mlp_v4d mlp_ld_f64_avx2_bh(const uint16_t *p) {
+    return (mlp_v4d)_mm256_cvtps_pd(_mm_castsi128_ps(_mm_slli_epi32(_mm_cvtepu16_epi32(_mm_loadl_epi64((const __m128i *)p)), 16))); }
+MLP_INLINE mlp_v4d mlp_ld_f64_avx2_q(const int8_t *p) {
+    return (mlp_v4d)_mm256_cvtepi32_pd(_mm_cvtepi8_epi32(_mm_cvtsi32_si128((int)mlp_ld4(p)))); }
+MLP_INLINE mlp_v4d mlp_ld_f64_avx2_s(const float *p) { return (mlp_v4d)_mm256_cvtps_pd(_mm_loadu_ps(p)); }
+MLP_KERNELS(double, mlp_v4d, mlp_v4l, mlp_f64, 4, _avx2, MLP_RELU_MAXPD256, mlp_ld_f64_avx2)
+MLP_KERNELS(float, mlp_v8f, mlp_v8i, mlp_f32, 8, _avx2, MLP_RELU_MAXPS256, mlp_ld_f32_avx2)
 MLP_SMALL_ALL(mlp_v4d, mlp_v8f, 4, 8, _avx2)
 MLP_STREAM_READ(mlp_v8f, _avx2)
 #if defined(__clang__)
@@ -716,8 +847,24 @@ typedef int32_t mlp_v16i __attribute__((vector_size(64)));
 /* max(0, v) by mask: v < 0 clears the lane, a NaN compares false and stays */
 #define MLP_RELU_V8D(v) ((mlp_v8d)((mlp_v8l)(v) & ~(mlp_v8l)((v) < 0)))
 #define MLP_RELU_V16F(v) ((mlp_v16f)((mlp_v16i)(v) & ~(mlp_v16i)((v) < 0)))
-MLP_KERNELS(double, mlp_v8d, mlp_v8l, mlp_f64, 8, _avx512, MLP_RELU_V8D)
-MLP_KERNELS(float, mlp_v16f, mlp_v16i, mlp_f32, 16, _avx512, MLP_RELU_V16F)
+/* AVX-512 weight loaders: VCVTPH2PS zmm; bf16 by shift (exact: VDPBF16PS is not used, it would round the */
+/* activations to bf16 too, which this storage promises not to do); int8 VPMOVSXBD + VCVTDQ2PS. */
+MLP_INLINE mlp_v16f mlp_ld_f32_avx512_h(const uint16_t *p) {
+    return (mlp_v16f)_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
+MLP_INLINE mlp_v16f mlp_ld_f32_avx512_bh(const uint16_t *p) {
+    return (mlp_v16f)_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16)); }
+MLP_INLINE mlp_v16f mlp_ld_f32_avx512_q(const int8_t *p) {
+    return (mlp_v16f)_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p))); }
+MLP_INLINE mlp_v16f mlp_ld_f32_avx512_s(const float *p) { return (mlp_v16f)_mm512_loadu_ps(p); }
+MLP_INLINE mlp_v8d mlp_ld_f64_avx512_h(const uint16_t *p) {
+    return (mlp_v8d)_mm512_cvtps_pd(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p))); }
+MLP_INLINE mlp_v8d mlp_ld_f64_avx512_bh(const uint16_t *p) {
+    return (mlp_v8d)_mm512_cvtps_pd(_mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16))); }
+MLP_INLINE mlp_v8d mlp_ld_f64_avx512_q(const int8_t *p) {
+    return (mlp_v8d)_mm512_cvtepi32_pd(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p))); }
+MLP_INLINE mlp_v8d mlp_ld_f64_avx512_s(const float *p) { return (mlp_v8d)_mm512_cvtps_pd(_mm256_loadu_ps(p)); }
+MLP_KERNELS(double, mlp_v8d, mlp_v8l, mlp_f64, 8, _avx512, MLP_RELU_V8D, mlp_ld_f64_avx512)
+MLP_KERNELS(float, mlp_v16f, mlp_v16i, mlp_f32, 16, _avx512, MLP_RELU_V16F, mlp_ld_f32_avx512)
 MLP_STREAM_READ(mlp_v16f, _avx512)
 #if defined(__clang__)
 #pragma clang attribute pop
@@ -744,13 +891,33 @@ static int mlp_has_avx512(void) {
         && __builtin_cpu_supports("avx512vl");
 }
 /* The small compile-time-shaped kernels are AVX2 (their registers hold 32-byte rows); */
-/* everything else takes the widest vectors the CPU has. */
+/* everything else takes the widest vectors the CPU has, or the copy m->isa_want names (the caller has */
+/* asked mlp_isa_missing() first; a forced AVX-512 copy is laid out for the generic kernels). */
 #define MLP_PICK(NAME, m) do {                                                        \
-    if (mlp_has_avx2() && MLP_SMALL_FITS(m)) { MLP_SET(NAME, m, _avx2, "avx2+fma"); NAME##_pick_small_avx2(m); } \
-    else if (mlp_has_avx512()) MLP_SET(NAME, m, _avx512, "avx512");                             \
-    else if (mlp_has_avx2()) MLP_SET(NAME, m, _avx2, "avx2+fma");                                 \
+    const int w_ = (m)->isa_want;                                                     \
+    const int a2_ = w_ == MLP_ISA_AVX2 || (w_ == MLP_ISA_AUTO && mlp_has_avx2());     \
+    const int a5_ = w_ == MLP_ISA_AVX512 || (w_ == MLP_ISA_AUTO && mlp_has_avx512()); \
+    if (a2_ && MLP_SMALL_FITS(m)) { MLP_SET(NAME, m, _avx2, "avx2+fma"); NAME##_pick_small_avx2(m); } \
+    else if (a5_) MLP_SET(NAME, m, _avx512, "avx512");                                \
+    else if (a2_) MLP_SET(NAME, m, _avx2, "avx2+fma");                                \
     else { MLP_SET(NAME, m, _sse2, "sse2"); if (MLP_SMALL_FITS(m)) NAME##_pick_small_sse2(m); } \
 } while (0)
+/* NULL when this CPU runs the copy `want` (MLP_ISA_*), else the first CPU feature it lacks. */
+static const char *mlp_isa_missing(int want) {
+    __builtin_cpu_init();
+    if (want == MLP_ISA_AVX2 || want == MLP_ISA_AVX512) {
+        if (!__builtin_cpu_supports("avx2")) return "avx2";
+        if (!__builtin_cpu_supports("fma")) return "fma";
+        if (!__builtin_cpu_supports("x86-64-v3")) return "f16c (x86-64-v3)";
+    }
+    if (want == MLP_ISA_AVX512) {
+        if (!__builtin_cpu_supports("avx512f")) return "avx512f";
+        if (!__builtin_cpu_supports("avx512dq")) return "avx512dq";
+        if (!__builtin_cpu_supports("avx512bw")) return "avx512bw";
+        if (!__builtin_cpu_supports("avx512vl")) return "avx512vl";
+    }
+    return NULL;
+}
 static const char *mlp_isa(void) {
     return mlp_has_avx512() ? "avx512" : mlp_has_avx2() ? "avx2+fma" : "sse2";
 }
