@@ -182,6 +182,8 @@ def run_summary(run: Run) -> dict:
             # loop rate vs policy rate, and an inference tick's cost against a hold tick's (None: older runs)
             "policy_rate": s.get("policy_rate"), "history": (s.get("policy") or {}).get("history"),
             "phase_lock": s.get("phase_lock"),
+            # weight storage and its measured error (issue #24; older runs: f32, nothing measured)
+            "weights": weights_line(s.get("policy") or {}),
             # policies switched, shadowed, rolled back while the loop ran (None: older runs)
             "lifecycle": s.get("lifecycle"),
             # each miss and the worst wake-ups with a cause, from evidence about the loop's core (None: older)
@@ -195,6 +197,12 @@ def run_summary(run: Run) -> dict:
                       "policy": s.get("policy", "argmax"),
                       "stats": sim_stats(run.sim)}
     return out
+
+
+def weights_line(policy: dict) -> str:
+    """What the run's weights were: 'f32 (exact)', or the storage with its error measured at import."""
+    from control_node.kernels.weights import describe
+    return describe(policy.get("weights_error")) if policy.get("weights", "f32") != "f32" else "f32 (exact)"
 
 
 def all_stats(rs: dict) -> dict:
