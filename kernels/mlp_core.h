@@ -608,7 +608,7 @@ static void NAME##_forward_batch##SFX##_s##NIN##_##P1(NAME *m, const double *X, 
 #define MLP_SMALL_CASE(NAME, SFX, NIN, P1)                                            \
     case NIN: m->forward = NAME##_forward##SFX##_s##NIN##_##P1;                       \
               m->forward_batch = NAME##_forward_batch##SFX##_s##NIN##_##P1;           \
-              m->specialised = 1; return 1;
+              m->act_fn = NAME##_act_small; m->specialised = 1; return 1;
 #define MLP_SMALL_SWITCH(NAME, SFX, P1)                                               \
     switch (m->dims[0]) {                                                             \
         MLP_SMALL_CASE(NAME, SFX, 1, P1) MLP_SMALL_CASE(NAME, SFX, 2, P1)             \
@@ -684,6 +684,17 @@ static int NAME##_head_continuous(NAME *m, double *u) {                         
 }
 MLP_HEAD(double, mlp_f64)
 MLP_HEAD(float, mlp_f32)
+
+/* act() of a policy a small kernel computes (argmax only: MLP_SMALL_RULE): through that kernel, whose layout
+ * is its own; the generic act would read the small (row-major) layout as panels and answer garbage. */
+#define MLP_ACT_SMALL(NAME)                                                           \
+static int NAME##_act_small(NAME *m, const double *x, double *u) {                    \
+    const int k = m->forward(m, x);                                                   \
+    u[0] = (double)k;                                                                 \
+    return k;                                                                         \
+}
+MLP_ACT_SMALL(mlp_f64)
+MLP_ACT_SMALL(mlp_f32)
 
 /* Zero the recurrent state (h, and c for an LSTM); nothing for a feed-forward policy. */
 #define MLP_RESET(T, NAME)                                                            \

@@ -323,3 +323,19 @@ def test_baseline_sse2_copy_matches_reference():
     assert seen == {"specialised", "generic"}     # both kinds of kernel were exercised
 
 
+
+
+def test_act_of_a_specialised_argmax_policy_agrees_with_predict():
+    """act() (the node's act_ptr) of a policy a small compile-time-shaped kernel computes runs that kernel: the
+    generic act read the small layout as panels and answered another class far from the mean (found measuring
+    iris weights at the proof's edge samples)."""
+    from control_node.kernels.importers.proof import edge_samples
+    from control_node.train.iris import train_iris
+    spec = train_iris()
+    X = np.concatenate([random_inputs(spec, 500, seed=1), edge_samples(spec)[0]])
+    for isa in ("sse2", "avx2", None):
+        p = Policy(spec, isa=isa)
+        assert p.kernel == "specialised"
+        want = p.predict_batch(X)
+        got = np.array([p.act(np.ascontiguousarray(x))[0] for x in X])
+        assert np.array_equal(got, want), np.flatnonzero(got != want)[:5]
