@@ -35,6 +35,7 @@ import numpy as np
 
 from control_node.bench.common import (LOCK_FILE, console, fmt_ns, machine_info, machine_lines, print_table,
                                       weights_read_row, write_json)
+from control_node.kernels.weights import DEFAULT_TOLERANCE
 
 SHAPES = {
     "rsl_rl 48-512-256-128-12 ELU + normaliser": dict(sizes=[48, 512, 256, 128, 12], act="elu", norm=True,
@@ -367,23 +368,53 @@ def bench_shape(name, cfg, dtype, settings, log):
         if not np.allclose(got, want, rtol=0, atol=tol):
             raise SystemExit(f"bench policy: {rname} on {name} {dtype} answers {got[:4]}..., the reference {want[:4]}...")
     if policy.isa == "avx512":      # what the 64-byte copy gains, side by side with the 32-byte one
-        os.environ["CONTROL_NODE_ISA"] = "avx2"
-        try:
-            narrow = Policy(spec)
-        finally:
-            del os.environ["CONTROL_NODE_ISA"]
+        narrow = Policy(spec, isa="avx2")
         narrow_out = np.zeros(narrow.n_actions)
         rows.append((f"kernel Policy.act_into(x, out), {narrow.isa} copy", functools.partial(narrow.act_into, x),
                      narrow_out))
     else:
         skipped["avx512 copy"] = f"this CPU has no AVX-512 (F/DQ/BW/VL): the {policy.isa} copy runs"
+    storage_rows, storage_errors = weight_storage_rows(spec, x)
+    rows += storage_rows
     rows.append(weights_read_row(weight_bytes_of(cfg["sizes"], dtype)))
     log(f"{name} {dtype}: {len(rows)} rows x {settings['samples']} samples ...")
     times = per_call(rows, settings["samples"])
     times.update(c_level(policy, spec, settings["chunks"], settings["chunk"]))
     alloc, peak = allocations_per_call(policy, x)
     return {"shape": name, "dtype": dtype, "sizes": cfg["sizes"], "activation": cfg["act"], "isa": policy.isa,
-            "kernel": policy.kernel, **shape_figures(times, floor_of(cfg["sizes"], dtype), alloc, peak, skipped)}
+            "kernel": policy.kernel, "weight_storage_errors": storage_errors,
+            **shape_figures(times, floor_of(cfg["sizes"], dtype), alloc, peak, skipped)}
+
+
+STORAGES = ("f16", "bf16", "int8")
+
+
+def weight_storage_rows(spec, x, storages=STORAGES, n_error_rows=200):
+    """Rows of the same policy with its weights stored narrower (kernels/weights.py), in the same run as the
+    float32 rows and onnxruntime, and each storage's error against the float32 policy (measured here over
+    ``n_error_rows`` random observations plus the proof's edge samples, as an import measures it).
+    Returns ``(rows, errors)``: rows as bench_shape's (name, fn, argument)."""
+    import functools
+
+    from control_node.kernels import Policy
+    from control_node.kernels.weights import measure_error, proof_set
+    rows, errors = [], {}
+    X, seqs = proof_set(spec, n_random=n_error_rows, seed=3)
+    for w in storages:
+        p = Policy(spec, weights=w)
+        out = np.zeros(p.n_actions)
+        if p.hidden_size:     # recurrent rows are called as fn(x) -> actions (bench recurrent's per_call)
+            def step(xv, p=p, out=out):
+                p.act_into(xv, out)
+                return out
+            rows.append((f"kernel Policy.act_into(x, out), {w} weights", step, x))
+        else:
+            rows.append((f"kernel Policy.act_into(x, out), {w} weights", functools.partial(p.act_into, x), out))
+        e = measure_error(spec, w, X, seqs=seqs, tolerance=float("inf"))
+        errors[w] = {k: e[k] for k in ("max_abs", "p99_abs", "max_rel", "p99_rel", "samples", "measured_on")}
+        errors[w]["within_default_bound"] = e["max_rel"] <= DEFAULT_TOLERANCE[w]
+        errors[w]["resident_bytes"] = int(p.nbytes)
+    return rows, errors
 
 
 def shape_figures(times, floor, alloc, peak, skipped):
@@ -421,6 +452,11 @@ def report(res, first_column="row"):
         print_table(title, [first_column, "p50", "p99", "p99.9", "max", "onnxruntime p50 / row p50", "p50 / floor"],
                     rows, con)
         con.print(f"  floor: {fl['how']}")
+        for w, e in (sh.get("weight_storage_errors") or {}).items():
+            con.print(f"  {w} weights: max |error| {e['max_abs']:.3g} (p99 {e['p99_abs']:.3g}) = {e['max_rel']:.3g} of "
+                      f"the {'action' if e['measured_on'] == 'actions' else 'logit'} range over {e['samples']} "
+                      f"observations ({'within' if e['within_default_bound'] else 'ABOVE'} the default bound "
+                      f"{DEFAULT_TOLERANCE[w]:g}); {e['resident_bytes'] / 1024:.0f} KiB resident")
         if sh["skipped"]:
             con.print(f"  skipped: {sh['skipped']}")
 
