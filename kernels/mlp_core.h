@@ -19,8 +19,8 @@
  * finite, h and c are zeroed, *resets is incremented and the step returns -1 without running the dense
  * layers (their outputs, act[L], are set to NaN). mlp_*_reset() zeroes the state.
  *
- * Plain C so that the compiler, not Cython, owns the vector code. One template,
- * instantiated for double and float by the macros below.
+ * Plain C so that the compiler, not Cython, owns the vector code. The body is mlp_body.h, included once per
+ * (dtype, ISA) below (MLP_KERNELS' old macro form had no line numbers for errors, gdb or perf).
  *
  * Layout (set up once by kernels/_policy.pyx, never changed afterwards):
  *   act[0]      normalised input, padded to pdims[0] lanes (pad lanes stay 0)
@@ -48,7 +48,8 @@
  * x86-64-v3 (AVX2 + FMA, 32-byte vectors) and the baseline (SSE2, 16-byte vectors),
  * and mlp_*_init() picks one at load time with __builtin_cpu_supports (the small
  * compile-time-shaped kernels stay on AVX2: their registers hold 32-byte rows).
- * CONTROL_NODE_ISA=avx2|sse2 forces a narrower copy. MLP_NATIVE (CONTROL_NODE_NATIVE=1
+ * Policy(spec, isa="sse2" | "avx2" | "avx512") selects a copy (m->isa_want; mlp_isa_missing() first).
+ * CONTROL_NODE_ISA=avx2|sse2 still narrows the automatic choice (and the bench's stream-read probe). MLP_NATIVE (CONTROL_NODE_NATIVE=1
  * at build time) compiles a single -march=native copy instead.
  */
 #ifndef CONTROL_NODE_MLP_CORE_H
@@ -229,8 +230,8 @@ MLP_AXPY_NB(T, VT, NAME, 8, 1, WSFX##_pf, WT, LD, SLD, SCALED)                  
 MLP_INLINE void NAME##_panels##WSFX(const T *restrict in, int n_in, const WT *restrict W, \
                                     const T *restrict b, const float *restrict s,     \
                                     T *restrict out, int pg, int relu) {              \
-    enum { BLK = (int)(sizeof(VT) / sizeof(T)), PW = MLP_PANEL_BYTES / (int)sizeof(T), \
-           NBP = PW / BLK >= 8 ? 8 : 4, STEP = NBP * BLK };                            \
+    enum { LNS = (int)(sizeof(VT) / sizeof(T)), PW = MLP_PANEL_BYTES / (int)sizeof(T), \
+           NBP = PW / LNS >= 8 ? 8 : 4, STEP = NBP * LNS };                            \
     const int pf = (size_t)n_in * (size_t)pg * sizeof(WT) > MLP_PREFETCH_MIN_BYTES;   \
     for (int p0 = 0; p0 < pg; p0 += PW) {                                             \
         const WT *Wp = W + (size_t)p0 * n_in;                                         \
@@ -249,15 +250,15 @@ MLP_INLINE void NAME##_panels##WSFX(const T *restrict in, int n_in, const WT *re
 MLP_INLINE void NAME##_layer_dot##WSFX(const T *restrict in, int pn_in, const WT *restrict Wt, \
                                        const T *restrict b, const float *restrict s,  \
                                        T *restrict out, int n_out, int relu) {        \
-    enum { BLK = (int)(sizeof(VT) / sizeof(T)) };                                     \
+    enum { LNS = (int)(sizeof(VT) / sizeof(T)) };                                     \
     const VT *xv = (const VT *)in;                                                    \
-    const int nb = pn_in / BLK;                                                       \
-    for (int j0 = 0; j0 < n_out; j0 += BLK) {                                         \
+    const int nb = pn_in / LNS;                                                       \
+    for (int j0 = 0; j0 < n_out; j0 += LNS) {                                         \
         const WT *w = Wt + (size_t)j0 * pn_in;                                        \
-        VT acc[BLK];                                                                  \
-        for (int k = 0; k < BLK; k++) acc[k] = xv[0] * LD(w + (size_t)k * pn_in);     \
+        VT acc[LNS];                                                                  \
+        for (int k = 0; k < LNS; k++) acc[k] = xv[0] * LD(w + (size_t)k * pn_in);     \
         for (int q = 1; q < nb; q++)                                                  \
-            for (int k = 0; k < BLK; k++) acc[k] += xv[q] * LD(w + (size_t)k * pn_in + q * BLK); \
+            for (int k = 0; k < LNS; k++) acc[k] += xv[q] * LD(w + (size_t)k * pn_in + q * LNS); \
         VT v = NAME##_tsum(acc);                                                      \
         if (SCALED) v = v * SLD(s + j0);                                              \
         v += *(const VT *)(b + j0);                                                   \
@@ -308,240 +309,16 @@ struct NAME##_s {                                                               
     int64_t (*chain)(NAME *, const double *, ptrdiff_t, ptrdiff_t, ptrdiff_t);        \
 };
 
-#define MLP_KERNELS(T, VT, VI, NAME, BLK, SFX, RELU, LDP)                             \
-/* ReLU as one max instruction where the ISA has it (RELU), else by mask; either */   \
-/* way v < 0 becomes 0 and a NaN stays NaN, so a broken input cannot look valid. */   \
-MLP_INLINE VT NAME##SFX##_relu(VT v) { return RELU(v); }                              \
-MLP_VMATH(T, VT, VI, NAME##SFX##_vm)                                                  \
-/* Activations other than ReLU run as a second pass over the layer's (cache-hot) output */ \
-/* row: one switch per layer, a tight loop per activation, and the FMA loops above keep */  \
-/* their accumulators in registers. ReLU stays fused into the layer (one max). */          \
-MLP_INLINE void NAME##SFX##_activate_row(T *restrict out, int pn, int code, T alpha) {   \
-    VT *o = (VT *)out;                                                                \
-    const int nv = pn / BLK;                                                          \
-    switch (code) {                                                                   \
-    case MLP_ACT_ELU: for (int q = 0; q < nv; q++) o[q] = NAME##SFX##_vm_elu(o[q], alpha); break; \
-    case MLP_ACT_SELU: for (int q = 0; q < nv; q++) o[q] = NAME##SFX##_vm_selu(o[q]); break; \
-    case MLP_ACT_LEAKY_RELU: for (int q = 0; q < nv; q++) o[q] = NAME##SFX##_vm_leaky_relu(o[q], alpha); break; \
-    case MLP_ACT_CELU: for (int q = 0; q < nv; q++) o[q] = NAME##SFX##_vm_celu(o[q], alpha); break; \
-    case MLP_ACT_TANH: for (int q = 0; q < nv; q++) o[q] = NAME##SFX##_vm_tanh(o[q]); break; \
-    case MLP_ACT_SIGMOID: for (int q = 0; q < nv; q++) o[q] = NAME##SFX##_vm_sigmoid(o[q]); break; \
-    case MLP_ACT_SOFTPLUS: for (int q = 0; q < nv; q++) o[q] = NAME##SFX##_vm_softplus(o[q]); break; \
-    case MLP_ACT_SILU: for (int q = 0; q < nv; q++) o[q] = NAME##SFX##_vm_silu(o[q]); break; \
-    default: break;                    /* identity, and ReLU (fused into the layer) */ \
-    }                                                                                 \
-}                                                                                     \
-MLP_INLINE VT NAME##SFX##_ld_native(const T *p) { return *(const VT *)p; }            \
-MLP_TSUM_##BLK(VT, VI, NAME##SFX)                                                     \
-/* the weight kernels once per storage: T itself, f16 (_h), bf16 (_bh), int8 (_q) */ \
-MLP_WEIGHTS(T, VT, NAME##SFX, , T, NAME##SFX##_ld_native, LDP##_s, 0)                 \
-MLP_WEIGHTS(T, VT, NAME##SFX, _h, uint16_t, LDP##_h, LDP##_s, 0)                      \
-MLP_WEIGHTS(T, VT, NAME##SFX, _bh, uint16_t, LDP##_bh, LDP##_s, 0)                    \
-MLP_WEIGHTS(T, VT, NAME##SFX, _q, int8_t, LDP##_q, LDP##_s, 1)                        \
-/* one switch per layer on the storage (settled at load; the branch always goes the same way) */ \
-MLP_INLINE void NAME##SFX##_panels_w(const T *restrict in, int n_in, const void *W, const T *restrict b, \
-                                     const float *s, T *restrict out, int pg, int relu, int wkind) { \
-    switch (wkind) {                                                                  \
-    case MLP_W_F16: NAME##SFX##_panels_h(in, n_in, (const uint16_t *)W, b, s, out, pg, relu); break; \
-    case MLP_W_BF16: NAME##SFX##_panels_bh(in, n_in, (const uint16_t *)W, b, s, out, pg, relu); break; \
-    case MLP_W_INT8: NAME##SFX##_panels_q(in, n_in, (const int8_t *)W, b, s, out, pg, relu); break; \
-    default: NAME##SFX##_panels(in, n_in, (const T *)W, b, s, out, pg, relu); break;  \
-    }                                                                                 \
-}                                                                                     \
-MLP_INLINE void NAME##SFX##_layer_dot_w(const T *restrict in, int pn_in, const void *Wt, const T *restrict b, \
-                                        const float *s, T *restrict out, int n_out, int relu, int wkind) { \
-    switch (wkind) {                                                                  \
-    case MLP_W_F16: NAME##SFX##_layer_dot_h(in, pn_in, (const uint16_t *)Wt, b, s, out, n_out, relu); break; \
-    case MLP_W_BF16: NAME##SFX##_layer_dot_bh(in, pn_in, (const uint16_t *)Wt, b, s, out, n_out, relu); break; \
-    case MLP_W_INT8: NAME##SFX##_layer_dot_q(in, pn_in, (const int8_t *)Wt, b, s, out, n_out, relu); break; \
-    default: NAME##SFX##_layer_dot(in, pn_in, (const T *)Wt, b, s, out, n_out, relu); break; \
-    }                                                                                 \
-}                                                                                     \
-                                                                                      \
-/* Argmax of n_out logits (first maximum, as numpy), or -1 when any is NaN or +-Inf. */ \
-/* Branch-free: a mispredicted compare per sample would cost more than the whole */  \
-/* forward pass and stop consecutive samples from overlapping. */                    \
-MLP_INLINE int NAME##SFX##_argmax(const T *z, int n_out) {                            \
-    int best = 0;                                                                     \
-    T best_v = z[0];                                                                  \
-    int finite = (z[0] - z[0]) == 0;   /* false for NaN and +-Inf */                  \
-    for (int j = 1; j < n_out; j++) {                                                 \
-        const T v = z[j];                                                             \
-        const int gt = v > best_v;                                                    \
-        finite &= (v - v) == 0;                                                       \
-        best += (j - best) & -gt;                                                     \
-        best_v = gt ? v : best_v;                                                     \
-    }                                                                                 \
-    return finite ? best : -1;                                                        \
-}                                                                                     \
-                                                                                      \
-/* Pre-processing and every dense layer for one sample: leaves the outputs in act[L]. */ \
-/* Clips are written as compares so that a NaN passes through (as numpy's clip). */  \
-MLP_INLINE void NAME##SFX##_pre(NAME *m, const double *x, T *restrict a0, int n0) {   \
-    if (m->pre) {                                                                     \
-        for (int i = 0; i < n0; i++) {                                                \
-            double v = x[i] * m->obs_scale[i];                                        \
-            v = v < m->obs_lo[i] ? m->obs_lo[i] : v;                                  \
-            v = v > m->obs_hi[i] ? m->obs_hi[i] : v;                                  \
-            v = (v - m->mean[i]) / m->scale[i];                                       \
-            v = v < m->norm_lo[i] ? m->norm_lo[i] : v;                                \
-            v = v > m->norm_hi[i] ? m->norm_hi[i] : v;                                \
-            a0[i] = (T)v;                                                             \
-        }                                                                             \
-    } else {                                                                          \
-        for (int i = 0; i < n0; i++) a0[i] = (T)((x[i] - m->mean[i]) / m->scale[i]);  \
-    }                                                                                 \
-}                                                                                     \
-MLP_INLINE void NAME##SFX##_dense(NAME *m) {                                          \
-    const int L = m->n_layers;                                                        \
-    for (int l = 0; l < L; l++) {                                                     \
-        const int code = m->act_code[l], relu = code == MLP_ACT_RELU;                 \
-        enum { PW = MLP_PANEL_BYTES / (int)sizeof(T) };                               \
-        if (m->dot_form[l])                                                           \
-            NAME##SFX##_layer_dot_w(m->act[l], m->pdims[l], m->W[l], m->b[l], m->ws[l], \
-                                    m->act[l + 1], m->dims[l + 1], relu, m->wkind);   \
-        else            /* axpy: outputs to whole panels */                           \
-            NAME##SFX##_panels_w(m->act[l], m->dims[l], m->W[l], m->b[l], m->ws[l], m->act[l + 1], \
-                                 (m->pdims[l + 1] + PW - 1) / PW * PW, relu, m->wkind); \
-        if (code > MLP_ACT_RELU)                                                      \
-            NAME##SFX##_activate_row(m->act[l + 1], m->pdims[l + 1], code, (T)m->alpha[l]); \
-    }                                                                                 \
-}                                                                                     \
-MLP_INLINE void NAME##SFX##_body(NAME *m, const double *x) {                          \
-    NAME##SFX##_pre(m, x, m->act[0], m->dims[0]);                                     \
-    NAME##SFX##_dense(m);                                                             \
-}                                                                                     \
-                                                                                      \
-/* The gates' nonlinearities on gx, gh and the new state in place, then the finiteness check (see */ \
-/* NAME##SFX##_rnn_step). */                                                          \
-MLP_INLINE int NAME##SFX##_rnn_gates(NAME *m, const int pH, const int nv, const int lstm) { \
-    const VT *restrict gx = (const VT *)m->gx, *restrict gh = (const VT *)m->gh;      \
-    T *restrict hs = m->h, *restrict cs = m->c;   /* every access below goes through these */ \
-    VT *h = (VT *)hs, *c = (VT *)cs;                                                  \
-    if (lstm) {                               /* torch gate blocks i, f, g, o */      \
-        for (int q = 0; q < nv; q++) {                                                \
-            const VT i = NAME##SFX##_vm_sigmoid(gx[q] + gh[q]);                       \
-            const VT f = NAME##SFX##_vm_sigmoid(gx[nv + q] + gh[nv + q]);             \
-            const VT g = NAME##SFX##_vm_tanh(gx[2 * nv + q] + gh[2 * nv + q]);        \
-            const VT o = NAME##SFX##_vm_sigmoid(gx[3 * nv + q] + gh[3 * nv + q]);     \
-            const VT cn = f * c[q] + i * g;                                           \
-            c[q] = cn;                                                                \
-            h[q] = o * NAME##SFX##_vm_tanh(cn);                                       \
-        }                                                                             \
-    } else {                                  /* torch gate blocks r, z, n */         \
-        for (int q = 0; q < nv; q++) {                                                \
-            const VT r = NAME##SFX##_vm_sigmoid(gx[q] + gh[q]);                       \
-            const VT z = NAME##SFX##_vm_sigmoid(gx[nv + q] + gh[nv + q]);             \
-            const VT n = NAME##SFX##_vm_tanh(gx[2 * nv + q] + r * gh[2 * nv + q]);    \
-            h[q] = ((T)1 - z) * n + z * h[q];                                         \
-        }                                                                             \
-    }                                                                                 \
-    for (int j = m->H; j < pH; j++) {         /* pad lanes: 0 (inf * 0 could be NaN) */ \
-        hs[j] = 0;                                                                    \
-        if (lstm) cs[j] = 0;                                                          \
-    }                                                                                 \
-    VT chk = (VT){0};                         /* v - v: 0 when finite, NaN otherwise */ \
-    for (int q = 0; q < nv; q++) chk += h[q] - h[q];                                  \
-    if (lstm) for (int q = 0; q < nv; q++) chk += c[q] - c[q];                        \
-    int finite = 1;                                                                   \
-    for (int k = 0; k < BLK; k++) finite &= chk[k] == 0;                              \
-    if (finite) return 0;                                                             \
-    memset(hs, 0, sizeof(T) * (size_t)pH);                                            \
-    if (lstm) memset(cs, 0, sizeof(T) * (size_t)pH);                                  \
-    if (m->resets) ++*m->resets;                                                      \
-    T *z = m->act[m->n_layers];               /* no outputs this step */              \
-    for (int j = 0; j < m->dims[m->n_layers]; j++) z[j] = (T)__builtin_nan("");       \
-    return -1;                                                                        \
-}                                                                                     \
-/* One step of the recurrent layer on m->xin (see the header comment): 0, or -1 when */ \
-/* the new state is not finite (the state is then zero and *resets incremented). */  \
-MLP_INLINE int NAME##SFX##_rnn_step(NAME *m) {                                        \
-    const int pH = m->pH, nv = pH / BLK, lstm = m->rnn == MLP_RNN_LSTM;               \
-    NAME##SFX##_panels_w(m->xin, m->n_obs, m->Wx, m->bx, m->wsx, m->gx, m->pg, 0, m->wkind); \
-    NAME##SFX##_panels_w(m->h, m->H, m->Wh, m->bh, m->wsh, m->gh, m->pg, 0, m->wkind); \
-    return NAME##SFX##_rnn_gates(m, pH, nv, lstm);                                    \
-}                                                                                     \
-MLP_INLINE int NAME##SFX##_rnn_body(NAME *m, const double *x) {                       \
-    NAME##SFX##_pre(m, x, m->xin, m->n_obs);                                          \
-    if (NAME##SFX##_rnn_step(m) < 0) return -1;                                       \
-    NAME##SFX##_dense(m);                                                             \
-    return 0;                                                                         \
-}                                                                                     \
-                                                                                      \
-/* Forward pass for one sample. Returns the argmax (first maximum, as numpy), or */  \
-/* -1 when any output is NaN or infinite: the caller must then act safely. */        \
-MLP_INLINE int NAME##SFX##_forward_inline(NAME *m, const double *x) {                 \
-    NAME##SFX##_body(m, x);                                                           \
-    return NAME##SFX##_argmax(m->act[m->n_layers], m->dims[m->n_layers]);             \
-}                                                                                     \
-                                                                                      \
-/* The action of one sample into u (float64): a continuous head writes dims[L] */     \
-/* values and returns 0, or -1 when an output or action is not finite (u is then */  \
-/* garbage: act safely); an argmax head writes the class index to u[0] and returns */ \
-/* it (-1: not finite). */                                                           \
-static int NAME##_act##SFX(NAME *m, const double *x, double *u) {                     \
-    NAME##SFX##_body(m, x);                                                           \
-    if (m->head == MLP_HEAD_ARGMAX) {                                                 \
-        const int k = NAME##SFX##_argmax(m->act[m->n_layers], m->dims[m->n_layers]);  \
-        u[0] = (double)k;                                                             \
-        return k;                                                                     \
-    }                                                                                 \
-    return NAME##_head_continuous(m, u);                                              \
-}                                                                                     \
-                                                                                      \
-static int NAME##_forward##SFX(NAME *m, const double *x) {                            \
-    return NAME##SFX##_forward_inline(m, x);                                          \
-}                                                                                     \
-                                                                                      \
-/* The same three entry points for a recurrent policy: each call is one step (the */ \
-/* state advances); -1 when the state was reset (not finite) or an output is not finite. */ \
-static int NAME##_act_rnn##SFX(NAME *m, const double *x, double *u) {                 \
-    if (NAME##SFX##_rnn_body(m, x) < 0) {                                             \
-        if (m->head == MLP_HEAD_ARGMAX) u[0] = -1.0;                                  \
-        return -1;                                                                    \
-    }                                                                                 \
-    if (m->head == MLP_HEAD_ARGMAX) {                                                 \
-        const int k = NAME##SFX##_argmax(m->act[m->n_layers], m->dims[m->n_layers]);  \
-        u[0] = (double)k;                                                             \
-        return k;                                                                     \
-    }                                                                                 \
-    return NAME##_head_continuous(m, u);                                              \
-}                                                                                     \
-MLP_INLINE int NAME##SFX##_forward_rnn_inline(NAME *m, const double *x) {             \
-    if (NAME##SFX##_rnn_body(m, x) < 0) return -1;                                    \
-    return NAME##SFX##_argmax(m->act[m->n_layers], m->dims[m->n_layers]);             \
-}                                                                                     \
-static int NAME##_forward_rnn##SFX(NAME *m, const double *x) {                        \
-    return NAME##SFX##_forward_rnn_inline(m, x);                                      \
-}                                                                                     \
-/* Rows of X as one sequence (state carried from row to row). */                     \
-static void NAME##_forward_batch_rnn##SFX(NAME *m, const double *X, ptrdiff_t n,      \
-                                          ptrdiff_t row_stride, int64_t *out) {       \
-    for (ptrdiff_t r = 0; r < n; r++)                                                 \
-        out[r] = NAME##SFX##_forward_rnn_inline(m, X + r * row_stride);               \
-}                                                                                     \
-                                                                                      \
-/* Rows of X (n, dims[0]) with a row stride in doubles; out receives n argmaxes. */  \
-static void NAME##_forward_batch##SFX(NAME *m, const double *X, ptrdiff_t n,          \
-                                     ptrdiff_t row_stride, int64_t *out) {            \
-    for (ptrdiff_t r = 0; r < n; r++)                                                 \
-        out[r] = NAME##SFX##_forward_inline(m, X + r * row_stride);                   \
-}                                                                                     \
-                                                                                      \
-/* Latency probe: each input row is chosen by the previous answer, so sample k+1 */  \
-/* cannot start before sample k ends. Returns a checksum that keeps it all live. */  \
-static int64_t NAME##_chain##SFX(NAME *m, const double *X, ptrdiff_t n_rows,          \
-                                ptrdiff_t row_stride, ptrdiff_t iters) {              \
-    int64_t sum = 0;                                                                  \
-    ptrdiff_t row = 0;                                                                \
-    for (ptrdiff_t k = 0; k < iters; k++) {                                           \
-        int a = m->forward(m, X + row * row_stride);   /* what the node calls */      \
-        sum += a;                                                                     \
-        row += 1 + a;                                                                 \
-        if (row >= n_rows) row -= n_rows;                                             \
-    }                                                                                 \
-    return sum;                                                                       \
-}
+/* The vector body lives in mlp_body.h (a real file: line numbers in errors, gdb and perf), included once per
+ * (dtype, ISA) by MLP_INSTANCE below. These name its functions and instantiate the macros it uses. */
+#define MLP_CAT_(a, b) a##b
+#define MLP_CAT(a, b) MLP_CAT_(a, b)
+#define MLP_PFX MLP_CAT(NAME, SFX)
+#define MLP_FN(x) MLP_CAT(MLP_PFX, MLP_CAT(_, x))
+#define MLP_ENTRY(x) MLP_CAT(MLP_CAT(NAME, MLP_CAT(_, x)), SFX)
+#define MLP_XVMATH(...) MLP_VMATH(__VA_ARGS__)
+#define MLP_XWEIGHTS(...) MLP_WEIGHTS(__VA_ARGS__)
+#define MLP_XTSUM(B, ...) MLP_CAT(MLP_TSUM_, B)(__VA_ARGS__)
 
 
 /* Small one-hidden-layer policies (the common case: n_features <= 8, hidden <= 32, up to
@@ -749,8 +526,24 @@ typedef int32_t mlp_v8i __attribute__((vector_size(32)));
 #endif
 MLP_LD_SCALAR(double, mlp_v4d, mlp_ld_f64_one)
 MLP_LD_SCALAR(float, mlp_v8f, mlp_ld_f32_one)
-MLP_KERNELS(double, mlp_v4d, mlp_v4l, mlp_f64, 4, _one, MLP_RELU_V4D, mlp_ld_f64_one)
-MLP_KERNELS(float, mlp_v8f, mlp_v8i, mlp_f32, 8, _one, MLP_RELU_V8F, mlp_ld_f32_one)
+#define T double
+#define VT mlp_v4d
+#define VI mlp_v4l
+#define NAME mlp_f64
+#define BLK 4
+#define SFX _one
+#define RELU MLP_RELU_V4D
+#define LDP mlp_ld_f64_one
+#include "mlp_body.h"
+#define T float
+#define VT mlp_v8f
+#define VI mlp_v8i
+#define NAME mlp_f32
+#define BLK 8
+#define SFX _one
+#define RELU MLP_RELU_V8F
+#define LDP mlp_ld_f32_one
+#include "mlp_body.h"
 MLP_SMALL_ALL(mlp_v4d, mlp_v8f, 4, 8, _one)
 MLP_STREAM_READ(mlp_v8f, _one)
 static float mlp_stream_read(const float *p, size_t n) { return mlp_stream_read_one(p, n); }
@@ -804,8 +597,24 @@ MLP_INLINE mlp_v2d mlp_ld_f64_sse2_bh(const uint16_t *p) {
 MLP_INLINE mlp_v2d mlp_ld_f64_sse2_q(const int8_t *p) { return (mlp_v2d)_mm_cvtepi32_pd(mlp_sse2_i8x4(mlp_ld2(p))); }
 MLP_INLINE mlp_v2d mlp_ld_f64_sse2_s(const float *p) {
     return (mlp_v2d)_mm_cvtps_pd(_mm_castsi128_ps(_mm_loadl_epi64((const __m128i *)p))); }
-MLP_KERNELS(double, mlp_v2d, mlp_v2l, mlp_f64, 2, _sse2, MLP_RELU_MAXPD, mlp_ld_f64_sse2)
-MLP_KERNELS(float, mlp_v4f, mlp_v4i, mlp_f32, 4, _sse2, MLP_RELU_MAXPS, mlp_ld_f32_sse2)
+#define T double
+#define VT mlp_v2d
+#define VI mlp_v2l
+#define NAME mlp_f64
+#define BLK 2
+#define SFX _sse2
+#define RELU MLP_RELU_MAXPD
+#define LDP mlp_ld_f64_sse2
+#include "mlp_body.h"
+#define T float
+#define VT mlp_v4f
+#define VI mlp_v4i
+#define NAME mlp_f32
+#define BLK 4
+#define SFX _sse2
+#define RELU MLP_RELU_MAXPS
+#define LDP mlp_ld_f32_sse2
+#include "mlp_body.h"
 MLP_SMALL_ALL(mlp_v2d, mlp_v4f, 2, 4, _sse2)
 MLP_STREAM_READ(mlp_v4f, _sse2)
 
@@ -833,8 +642,24 @@ MLP_INLINE mlp_v4d mlp_ld_f64_avx2_bh(const uint16_t *p) {
 MLP_INLINE mlp_v4d mlp_ld_f64_avx2_q(const int8_t *p) {
     return (mlp_v4d)_mm256_cvtepi32_pd(_mm_cvtepi8_epi32(_mm_cvtsi32_si128((int)mlp_ld4(p)))); }
 MLP_INLINE mlp_v4d mlp_ld_f64_avx2_s(const float *p) { return (mlp_v4d)_mm256_cvtps_pd(_mm_loadu_ps(p)); }
-MLP_KERNELS(double, mlp_v4d, mlp_v4l, mlp_f64, 4, _avx2, MLP_RELU_MAXPD256, mlp_ld_f64_avx2)
-MLP_KERNELS(float, mlp_v8f, mlp_v8i, mlp_f32, 8, _avx2, MLP_RELU_MAXPS256, mlp_ld_f32_avx2)
+#define T double
+#define VT mlp_v4d
+#define VI mlp_v4l
+#define NAME mlp_f64
+#define BLK 4
+#define SFX _avx2
+#define RELU MLP_RELU_MAXPD256
+#define LDP mlp_ld_f64_avx2
+#include "mlp_body.h"
+#define T float
+#define VT mlp_v8f
+#define VI mlp_v8i
+#define NAME mlp_f32
+#define BLK 8
+#define SFX _avx2
+#define RELU MLP_RELU_MAXPS256
+#define LDP mlp_ld_f32_avx2
+#include "mlp_body.h"
 MLP_SMALL_ALL(mlp_v4d, mlp_v8f, 4, 8, _avx2)
 MLP_STREAM_READ(mlp_v8f, _avx2)
 #if defined(__clang__)
@@ -874,8 +699,24 @@ MLP_INLINE mlp_v8d mlp_ld_f64_avx512_bh(const uint16_t *p) {
 MLP_INLINE mlp_v8d mlp_ld_f64_avx512_q(const int8_t *p) {
     return (mlp_v8d)_mm512_cvtepi32_pd(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p))); }
 MLP_INLINE mlp_v8d mlp_ld_f64_avx512_s(const float *p) { return (mlp_v8d)_mm512_cvtps_pd(_mm256_loadu_ps(p)); }
-MLP_KERNELS(double, mlp_v8d, mlp_v8l, mlp_f64, 8, _avx512, MLP_RELU_V8D, mlp_ld_f64_avx512)
-MLP_KERNELS(float, mlp_v16f, mlp_v16i, mlp_f32, 16, _avx512, MLP_RELU_V16F, mlp_ld_f32_avx512)
+#define T double
+#define VT mlp_v8d
+#define VI mlp_v8l
+#define NAME mlp_f64
+#define BLK 8
+#define SFX _avx512
+#define RELU MLP_RELU_V8D
+#define LDP mlp_ld_f64_avx512
+#include "mlp_body.h"
+#define T float
+#define VT mlp_v16f
+#define VI mlp_v16i
+#define NAME mlp_f32
+#define BLK 16
+#define SFX _avx512
+#define RELU MLP_RELU_V16F
+#define LDP mlp_ld_f32_avx512
+#include "mlp_body.h"
 MLP_STREAM_READ(mlp_v16f, _avx512)
 #if defined(__clang__)
 #pragma clang attribute pop
