@@ -201,3 +201,40 @@ def test_no_allocation_per_call(storage, kind):
     tracemalloc.stop()
     grown = [s for s in after.compare_to(before, "filename") if s.size_diff > 0 and "tracemalloc" not in str(s)]
     assert sum(s.size_diff for s in grown) < 1024, grown[:5]
+
+
+def test_a_real_node_says_what_its_weights_were(tmp_path):
+    """A node running an f16 model file: `policy status` shows each resident policy's storage, its measured
+    error and resident bytes (an int8 one loaded beside it), and the run's summary.json names the storage and
+    error of the policy that ran."""
+    import json
+
+    from conftest import continuous_spec
+    from nodeutil import start_node
+
+    from control_node.bench.harness import run_cli
+    from control_node.kernels.weights import store_weights
+    spec = continuous_spec("float32", seed=4)
+    paths = {}
+    for w in ("f16", "int8"):
+        stored = store_weights(spec, w, policy_class=Policy, tolerance=1.0, n_random=200)
+        paths[w] = str(tmp_path / f"{w}.npz")
+        save_model(stored, paths[w])
+    node, cfg = start_node(tmp_path, paths["f16"], extra="[watchdog]\nstale_after_ms = 5000.0\n")
+    try:
+        p = run_cli("policy", "load", "q", paths["int8"], "--config", cfg, "--json", timeout=60)
+        assert p.returncode == 0, p.stderr
+        p = run_cli("policy", "status", "--config", cfg, "--json", timeout=60)
+        st = json.loads(p.stdout)["status"]
+        by = {r["weights"]: r for r in st["policies"]}
+        assert set(by) == {"f16", "int8"}
+        assert by["f16"]["weights_error"]["storage"] == "f16" and by["int8"]["weights_error"]["max_abs"] > 0
+        assert by["int8"]["nbytes"] < by["f16"]["nbytes"]        # resident bytes follow the storage
+        text = run_cli("policy", "status", "--config", cfg, timeout=60).stdout
+        assert "weights f16: max |error|" in text and "weights int8: max |error|" in text and "KiB resident" in text
+    finally:
+        rc, out, err, run_dir = node.stop()
+    assert rc == 0, err
+    with open(f"{run_dir}/summary.json") as f:
+        pol = json.load(f)["policy"]
+    assert pol["weights"] == "f16" and pol["weights_error"]["storage"] == "f16"
