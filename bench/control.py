@@ -111,13 +111,13 @@ WEIGHT_STORAGES = ("f32", "f16", "int8")
 def weights_rows(mlp_spec, gru_spec, duration_s, tmp, starts=NODE_STARTS, log=print):
     """Control score through a real node of each policy with each storage in WEIGHT_STORAGES (float32
     first: the score to compare with). Each storage is written as the import would write it: the error
-    against the float32 policy measured (kernels.weights.store_weights) and kept in the model file, and the
+    against the float32 policy measured (kernels.importers.proof.store_weights) and kept in the model file, and the
     node's summary.json says which weights ran (checked here)."""
     import json
     import os
 
     from control_node.kernels import Policy, save_model
-    from control_node.kernels.weights import store_weights
+    from control_node.kernels.importers.proof import store_weights
     rows = []
     for label, spec in (("pendulum MLP", mlp_spec), ("pendulum GRU", gru_spec)):
         if spec is None:

@@ -397,7 +397,8 @@ def weight_storage_rows(spec, x, storages=STORAGES, n_error_rows=200):
     import functools
 
     from control_node.kernels import Policy
-    from control_node.kernels.weights import measure_error, proof_set
+    from control_node.kernels.importers.proof import proof_set
+    from control_node.kernels.weights import measure_error
     rows, errors = [], {}
     X, seqs = proof_set(spec, n_random=n_error_rows, seed=3)
     for w in storages:
@@ -410,7 +411,7 @@ def weight_storage_rows(spec, x, storages=STORAGES, n_error_rows=200):
             rows.append((f"kernel Policy.act_into(x, out), {w} weights", step, x))
         else:
             rows.append((f"kernel Policy.act_into(x, out), {w} weights", functools.partial(p.act_into, x), out))
-        e = measure_error(spec, w, X, seqs=seqs, tolerance=float("inf"))
+        e = measure_error(spec, w, X, policy_class=Policy, seqs=seqs, tolerance=float("inf"))
         errors[w] = {k: e[k] for k in ("max_abs", "p99_abs", "max_rel", "p99_rel", "samples", "measured_on")}
         errors[w]["within_default_bound"] = e["max_rel"] <= DEFAULT_TOLERANCE[w]
         errors[w]["resident_bytes"] = int(p.nbytes)

@@ -19,7 +19,8 @@ storage     what is kept per weight
 
 :func:`effective_spec` gives the spec whose weights are exactly what the kernel computes with (the stored
 values widened back), so the numpy reference checks the kernel bit-for-bit-close as for float32;
-:func:`measure_error` measures what the storage costs against the float32 policy.
+:func:`measure_error` measures what the storage costs against the float32 policy (over the import's proof
+set: kernels.importers.proof.store_weights).
 """
 from __future__ import annotations
 
@@ -155,10 +156,10 @@ def _run(policy, X, seqs):
     return out
 
 
-def measure_error(spec, weights, X, *, policy_class=None, isa=None, seqs=None, tolerance=None, file="(model)"):
+def measure_error(spec, weights, X, *, policy_class, isa=None, seqs=None, tolerance=None, file="(model)"):
     """The action error of storing ``spec``'s weights as ``weights`` against the float32 (model dtype)
-    policy, both through the compiled kernel (``policy_class``, default ``control_node.kernels.Policy``;
-    copy ``isa``) over the raw observations ``X`` (recurrent: the rows ``seqs`` as sequences from the zero
+    policy, both through the compiled kernel (``policy_class``: ``control_node.kernels.Policy``, passed in
+    because the kernel imports this module; copy ``isa``) over the raw observations ``X`` (recurrent: the rows ``seqs`` as sequences from the zero
     state). Argmax policies are measured on their outputs (logits), and ``class_changes`` counts rows whose
     class differs.
 
@@ -167,8 +168,6 @@ def measure_error(spec, weights, X, *, policy_class=None, isa=None, seqs=None, t
     Raises WeightStorageError when max_rel exceeds ``tolerance`` (default :data:`DEFAULT_TOLERANCE`),
     naming the worst action and observation."""
     weights = check_storage(weights)
-    if policy_class is None:
-        from control_node.kernels import Policy as policy_class
     tol = DEFAULT_TOLERANCE[weights] if tolerance is None else float(tolerance)
     X = np.ascontiguousarray(X, dtype=np.float64)
     base = dataclasses.replace(spec, weights="f32", weights_error=None, sha256="")
@@ -218,30 +217,3 @@ def describe(err) -> str:
             f"{err['max_rel']:.3g} of the {'action' if err.get('measured_on') == 'actions' else 'logit'} range "
             f"(tolerance {err['tolerance']:g}) over {err['samples']} observations")
 
-
-def proof_set(spec, X=None, n_random=2000, seed=0, starts=(0,)):
-    """The rows a storage is measured on: ``X`` (else ``spec.check_X`` and ``n_random`` random observations),
-    then the proof's edge samples (kernels.importers.proof.edge_samples: clips, saturations, action extremes).
-    Returns ``(rows, seqs)``; ``seqs`` are the recurrent sequences (None for a feed-forward policy)."""
-    from control_node.kernels.importers.proof import edge_samples, observations, sequences
-    if X is None:
-        X = observations(spec, spec.check_X, n_random, seed)
-    X = np.asarray(X, dtype=np.float64)
-    rows = np.concatenate([X, edge_samples(spec, seed)[0]])
-    seqs = sequences(len(rows), tuple(starts) + (len(X),)) if spec.recurrent else None
-    return rows, seqs
-
-
-def store_weights(spec, weights, *, tolerance=None, X=None, n_random=2000, seed=0, starts=(0,), isa=None,
-                  policy_class=None, file="(model)"):
-    """``spec`` with its weights stored as ``weights``, the error measured (:func:`measure_error` over
-    :func:`proof_set`) and recorded in ``weights_error`` (written into the model file). f32: the spec as is.
-    Raises WeightStorageError (tolerance exceeded: naming the worst action and observation; a weight out of
-    the storage's range)."""
-    weights = check_storage(weights)
-    if weights == "f32":
-        return dataclasses.replace(spec, weights="f32", weights_error=None) if spec.weights != "f32" else spec
-    rows, seqs = proof_set(spec, X, n_random, seed, starts)
-    err = measure_error(spec, weights, rows, policy_class=policy_class, isa=isa, seqs=seqs, tolerance=tolerance,
-                        file=file)
-    return dataclasses.replace(spec, weights=weights, weights_error=err, sha256="")

@@ -78,7 +78,7 @@ def check_storage_case(spec, storage, isa, record_property, what):
     check_consistency(p, spec, n_random=300)          # the kernel on exactly the weights it stores
     X = proof_rows(spec)
     seqs = sequences(len(X)) if spec.recurrent else None
-    err = measure_error(spec, storage, X, isa=isa, seqs=seqs, tolerance=BOUND[storage])
+    err = measure_error(spec, storage, X, policy_class=Policy, isa=isa, seqs=seqs, tolerance=BOUND[storage])
     record_property(f"{what} {storage} {isa}", f"max_abs {err['max_abs']:.3g} p99_abs {err['p99_abs']:.3g} "
                     f"max_rel {err['max_rel']:.3g} p99_rel {err['p99_rel']:.3g} on {err['samples']} rows "
                     f"(default tolerance {DEFAULT_TOLERANCE[storage]:g})")
@@ -150,7 +150,7 @@ def test_too_tight_tolerance_refuses_naming_action_and_observation():
     spec = dense_spec("elu", "continuous")
     X = proof_rows(spec)
     with pytest.raises(WeightStorageError) as e:
-        measure_error(spec, "int8", X, tolerance=1e-9, file="policy.onnx")
+        measure_error(spec, "int8", X, policy_class=Policy, tolerance=1e-9, file="policy.onnx")
     msg = str(e.value)
     assert "policy.onnx: int8 weights" in msg and "above the tolerance 1e-09" in msg
     assert "worst on action" in msg and "(joint" in msg and "at observation row" in msg and "x = [" in msg
@@ -169,7 +169,7 @@ def test_f16_model_file_runs_through_the_portable_copy(tmp_path):
     the halves in integer arithmetic, and matches the F16C / AVX-512 copies."""
     spec = dense_spec("silu", "continuous")
     X = proof_rows(spec)
-    err = measure_error(spec, "f16", X, isa="sse2", tolerance=BOUND["f16"])
+    err = measure_error(spec, "f16", X, policy_class=Policy, isa="sse2", tolerance=BOUND["f16"])
     narrow = dataclasses.replace(spec, weights="f16", weights_error=err, sha256="")
     path = tmp_path / "f16.npz"
     save_model(narrow, path)
@@ -213,7 +213,7 @@ def test_a_real_node_says_what_its_weights_were(tmp_path):
     from nodeutil import start_node
 
     from control_node.bench.harness import run_cli
-    from control_node.kernels.weights import store_weights
+    from control_node.kernels.importers.proof import store_weights
     spec = continuous_spec("float32", seed=4)
     paths = {}
     for w in ("f16", "int8"):

@@ -74,7 +74,7 @@ def spec_from_sklearn(clf, check_X, feature_names=None, dtype="float64", mean=No
 def export_verified(spec, out, weights="f32", tolerance=None):
     """Verify the compiled kernel against the reference, then write the file."""
     from control_node.kernels import Policy
-    from control_node.kernels.weights import store_weights
+    from control_node.kernels.importers.proof import store_weights
     # weights: f16 / bf16 / int8 storage, its error against float32 measured and kept (kernels/weights.py)
     spec = store_weights(spec, weights, tolerance=tolerance, policy_class=Policy, file=str(out))
     report = check_consistency(Policy(spec), spec)

@@ -200,9 +200,16 @@ def run_summary(run: Run) -> dict:
 
 
 def weights_line(policy: dict) -> str:
-    """What the run's weights were: 'f32 (exact)', or the storage with its error measured at import."""
-    from control_node.kernels.weights import describe
-    return describe(policy.get("weights_error")) if policy.get("weights", "f32") != "f32" else "f32 (exact)"
+    """What the run's weights were (summary.json ``policy.weights`` / ``weights_error``, the fields of
+    kernels.weights.measure_error): 'f32 (exact)', or the storage with the error measured at import."""
+    w, e = policy.get("weights", "f32"), policy.get("weights_error") or {}
+    if w == "f32":
+        return "f32 (exact)"
+    if not e:
+        return f"{w} (no error recorded)"
+    return (f"{w}: max |error| {e['max_abs']:.3g} (p99 {e['p99_abs']:.3g}) = {e['max_rel']:.3g} of the "
+            f"{'action' if e.get('measured_on') == 'actions' else 'logit'} range (tolerance {e['tolerance']:g}) "
+            f"over {e['samples']} observations")
 
 
 def all_stats(rs: dict) -> dict:

@@ -127,12 +127,12 @@ def import_policy(path, *, obs_norm=None, dtype=None, check_X=None, n_random=200
     # the proof's first rows become check_X, verified at every load (content_hash does not cover check_X)
     spec.check_X = X[:P.CHECK_ROWS].copy()
     if weights not in (None, "f32"):
-        from control_node.kernels.weights import WeightStorageError, store_weights
+        from control_node.kernels.weights import WeightStorageError
         if kernel is None:
             raise ImportRefused(file, "weights", f"{weights} storage is measured through the compiled kernel, and "
                                 "none was passed", "pass kernel=control_node.kernels.Policy")
         try:
-            spec = store_weights(spec, weights, tolerance=tolerance, X=X, seed=seed, starts=(0, n_check),
+            spec = P.store_weights(spec, weights, tolerance=tolerance, X=X, seed=seed, starts=(0, n_check),
                                  policy_class=kernel, file=file)
         except WeightStorageError as e:
             raise ImportRefused(file, f"--weights {weights}", str(e).removeprefix(f"{file}: "),
