@@ -113,13 +113,13 @@ static inline float mlp_bf16_to_float(uint16_t h) {
  * LDP##_s one VT of float32 scales. */
 #define MLP_LD_SCALAR(T, VT, LDP)                                                     \
 MLP_INLINE VT LDP##_h(const uint16_t *p) {                                            \
-    VT v; for (int k = 0; k < (int)(sizeof(VT) / sizeof(T)); k++) v[k] = (T)mlp_half_to_float(p[k]); return v; } \
+    VT v = {0}; for (int k = 0; k < (int)(sizeof(VT) / sizeof(T)); k++) v[k] = (T)mlp_half_to_float(p[k]); return v; } \
 MLP_INLINE VT LDP##_bh(const uint16_t *p) {                                           \
-    VT v; for (int k = 0; k < (int)(sizeof(VT) / sizeof(T)); k++) v[k] = (T)mlp_bf16_to_float(p[k]); return v; } \
+    VT v = {0}; for (int k = 0; k < (int)(sizeof(VT) / sizeof(T)); k++) v[k] = (T)mlp_bf16_to_float(p[k]); return v; } \
 MLP_INLINE VT LDP##_q(const int8_t *p) {                                              \
-    VT v; for (int k = 0; k < (int)(sizeof(VT) / sizeof(T)); k++) v[k] = (T)p[k]; return v; } \
+    VT v = {0}; for (int k = 0; k < (int)(sizeof(VT) / sizeof(T)); k++) v[k] = (T)p[k]; return v; } \
 MLP_INLINE VT LDP##_s(const float *p) {                                               \
-    VT v; for (int k = 0; k < (int)(sizeof(VT) / sizeof(T)); k++) v[k] = (T)p[k]; return v; }
+    VT v = {0}; for (int k = 0; k < (int)(sizeof(VT) / sizeof(T)); k++) v[k] = (T)p[k]; return v; }
 
 /* Accumulators are GCC vector-extension values, not arrays: arrays get spilled to
  * the stack with mixed-width stores and reloads, and the failed store-to-load
