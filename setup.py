@@ -1,9 +1,9 @@
 """Builds the Cython extensions; all metadata lives in pyproject.toml.
 
 Flags: -O3, no fast-math. The kernel's vector code is written on GCC vector types in
-kernels/mlp_core.h, which compiles an AVX2+FMA copy (via `#pragma GCC target`) and an
-SSE2 baseline copy and picks one at load time, so the default build runs on any
-x86-64. CONTROL_NODE_NATIVE=1 builds a single -march=native copy instead (for the
+kernels/mlp_core.h + mlp_body.h, which compile an AVX-512, an AVX2+FMA+F16C (via `#pragma GCC target`)
+and an SSE2 baseline copy and pick one at load time (or the one `Policy(spec, isa=...)` names), so the
+default build runs on any x86-64. CONTROL_NODE_NATIVE=1 builds a single -march=native copy instead (for the
 machine that builds it only: not portable, do not ship it).
 """
 import os
@@ -33,10 +33,13 @@ for _d in (os.path.join(STAGE, "control_node"), _pkg):
     open(os.path.join(_d, "__init__.pxd"), "a").close()
 shutil.copyfile(os.path.join("kernels", "_policy.pxd"), os.path.join(_pkg, "_policy.pxd"))
 
+# the kernel's C: a change to any of them rebuilds both extensions (mlp_body.h: the vector body, included once
+# per (dtype, ISA) copy by mlp_core.h)
+KERNEL_HEADERS = ["kernels/mlp_core.h", "kernels/mlp_body.h", "kernels/vmath.h"]
 extensions = [
-    Extension("control_node.kernels._policy", ["kernels/_policy.pyx"],
+    Extension("control_node.kernels._policy", ["kernels/_policy.pyx"], depends=KERNEL_HEADERS,
               include_dirs=[numpy.get_include(), "kernels"], extra_compile_args=cflags, define_macros=macros),
-    Extension("control_node.loop._rtloop", ["control_node/loop/_rtloop.pyx"],
+    Extension("control_node.loop._rtloop", ["control_node/loop/_rtloop.pyx"], depends=KERNEL_HEADERS,
               include_dirs=[numpy.get_include(), "kernels", "control_node/loop"],
               extra_compile_args=cflags, define_macros=macros),
     # bench policy / bench recurrent's floor probe (timed read, multiply-add and clock loops): built with the

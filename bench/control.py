@@ -11,6 +11,9 @@ setting is scored from several starts (time to upright, RMS angle error after se
 the packaged pendulum config (the node at 1 kHz, the same policy at 50 Hz via ``policy_rate_hz``, the
 pendulum simulator over ZeroMQ with ``--delay-us``), scored by the simulator, beside the in-process result
 for the same delay and start: what the real loop, sockets and scheduling add.
+``--weights-rows`` scores narrower weight storage (kernels/weights.py) in closed loop: the pendulum MLP and
+the GRU pendulum policy with f32, f16 and int8 weights, each through a real node (`control-node launch`,
+no added delay, from each of the node starts), the error measured at storage time beside the score.
 """
 from __future__ import annotations
 
@@ -102,6 +105,41 @@ def run_through_node(model_path, delay_ms, theta0, duration_s, tmp):
             "round_trip_p50_ms": (sim.get("round_trip_ns") or {}).get("p50", 0) / 1e6}
 
 
+WEIGHT_STORAGES = ("f32", "f16", "int8")
+
+
+def weights_rows(mlp_spec, gru_spec, duration_s, tmp, starts=NODE_STARTS, log=print):
+    """Control score through a real node of each policy with each storage in WEIGHT_STORAGES (float32
+    first: the score to compare with). Each storage is written as the import would write it: the error
+    against the float32 policy measured (kernels.importers.proof.store_weights) and kept in the model file, and the
+    node's summary.json says which weights ran (checked here)."""
+    import json
+    import os
+
+    from control_node.kernels import Policy, save_model
+    from control_node.kernels.importers.proof import store_weights
+    rows = []
+    for label, spec in (("pendulum MLP", mlp_spec), ("pendulum GRU", gru_spec)):
+        if spec is None:
+            continue
+        for w in WEIGHT_STORAGES:
+            stored = store_weights(spec, w, policy_class=Policy, tolerance=float("inf"), n_random=500)
+            path = os.path.join(tmp, f"{label.replace(' ', '-')}-{w}.npz")
+            save_model(stored, path)
+            for th0 in starts:
+                log(f"{label} {w} weights, start {th0:.2f} rad, {duration_s:g} s through a real node ...")
+                r = run_through_node(path, 0.0, th0, duration_s, tmp)
+                run_dir = os.path.join(tmp, f"pendulum-0-{th0:.2f}")
+                with open(os.path.join(run_dir, "node", "summary.json")) as f:
+                    ran = (json.load(f).get("policy") or {}).get("weights", "f32")
+                if ran != w:
+                    raise SystemExit(f"bench control: the node ran {ran} weights, {w} were written")
+                err = stored.weights_error or {}
+                rows.append({"policy": label, "weights": w, "theta0": th0, **r, "weights_ran": ran,
+                             "error_max_abs": err.get("max_abs", 0.0), "error_max_rel": err.get("max_rel", 0.0)})
+    return rows
+
+
 def plot(res, path):
     import matplotlib
     matplotlib.use("Agg")
@@ -138,12 +176,19 @@ def main(argv=None) -> int:
     ap.add_argument("--through-node", action="store_true",
                     help=f"also sweep the delay ({', '.join(f'{d:g}' for d in NODE_DELAYS_MS)} ms) through a real node "
                          f"and the pendulum simulator, 10 s from each of {len(NODE_STARTS)} starts")
+    ap.add_argument("--weights-rows", action="store_true",
+                    help="score f32 / f16 / int8 weights of the pendulum MLP and the GRU pendulum policy through a "
+                         "real node (no added delay; the GRU is trained here unless --gru-model is given)")
+    ap.add_argument("--gru-model", help="GRU pendulum model file for --weights-rows (default: train one now)")
+    ap.add_argument("--duration", type=float, default=10.0, help="seconds per real-node run (default: %(default)s)")
+    ap.add_argument("--no-sweeps", action="store_true",
+                    help="skip the in-process delay / miss / stall sweeps (e.g. with --weights-rows only)")
     a = ap.parse_args(argv)
     policy = _policy(a.model)
     res = {"machine": machine_info(), "model": policy.sha256, "starts_rad": list(STARTS),
-           "delay": [run_setting(policy, delay_ms=d) for d in DELAYS_MS],
-           "misses": [run_setting(policy, miss_rate=m) for m in MISS_RATES],
-           "stalls": [run_setting(policy, stall_ms=st) for st in STALLS_MS]}
+           "delay": [] if a.no_sweeps else [run_setting(policy, delay_ms=d) for d in DELAYS_MS],
+           "misses": [] if a.no_sweeps else [run_setting(policy, miss_rate=m) for m in MISS_RATES],
+           "stalls": [] if a.no_sweeps else [run_setting(policy, stall_ms=st) for st in STALLS_MS]}
     con = console()
     for line in machine_lines(res["machine"]):
         con.print(line)
@@ -154,11 +199,34 @@ def main(argv=None) -> int:
                 "-" if r["time_to_upright_s"] is None else f"{r['time_to_upright_s']:.2f} s",
                 "-" if r["rms_error_deg"] is None else f"{r['rms_error_deg']:.2f} deg", str(r["falls"]),
                 f"{r['effort']:.2f}"]
-    print_table("added transport delay", cols, [row(r, f"{r['delay_ms']:g} ms") for r in res["delay"]], con)
-    print_table("missed policy ticks (action held)", cols,
-                [row(r, f"{r['miss_rate']:.0%}") for r in res["misses"]], con)
-    print_table("a stall every 500 ms (no new action for its length)", cols,
-                [row(r, f"{r['stall_ms']:g} ms") for r in res["stalls"]], con)
+    if not a.no_sweeps:
+        print_table("added transport delay", cols, [row(r, f"{r['delay_ms']:g} ms") for r in res["delay"]], con)
+        print_table("missed policy ticks (action held)", cols,
+                    [row(r, f"{r['miss_rate']:.0%}") for r in res["misses"]], con)
+        print_table("a stall every 500 ms (no new action for its length)", cols,
+                    [row(r, f"{r['stall_ms']:g} ms") for r in res["stalls"]], con)
+    if a.weights_rows:
+        import tempfile
+
+        from control_node.kernels import load_model
+        if a.gru_model:
+            gru = load_model(a.gru_model)
+        else:
+            from control_node.train.pendulum_gru import train_pendulum_gru
+            gru = train_pendulum_gru(log=lambda m: None)
+        tmp = tempfile.mkdtemp(prefix="cn-bench-control-weights-")
+        wr = weights_rows(policy.spec, gru, a.duration, tmp, log=lambda m: con.print(m))
+        res["weights_rows"] = wr
+
+        def score(r):
+            return ("never up" if r["time_to_upright_s"] is None else
+                    f"up {r['time_to_upright_s']:.2f} s, RMS {r['rms_error_deg']:.2f} deg") + \
+                (f", {r['falls']} falls" if r["falls"] else "")
+        print_table("weight storage, through a real node (1 kHz loop, policy 50 Hz, no added delay)",
+                    ["policy", "weights", "start (rad)", "control score", "error vs f32 (of range)", "node misses"],
+                    [[r["policy"], r["weights"], f"{r['theta0']:.2f}", score(r),
+                      "exact" if r["weights"] == "f32" else f"{r['error_max_rel']:.2g}", str(r["deadline_misses"])]
+                     for r in wr], con)
     if a.through_node:
         import os
         import tempfile

@@ -29,7 +29,6 @@ Run it alone: ``flock /tmp/control-node-bench.lock control-node bench policy``.
 from __future__ import annotations
 
 import argparse
-import os
 import time
 import tracemalloc
 
@@ -39,6 +38,7 @@ from control_node.bench.common import (LOCK_FILE, console, fmt_ns, machine_info,
                                       weights_read_row, write_json)
 from control_node.bench.floor import (FloorProbeError, cache_sizes, clock_hz, floor_measured, measure,
                                      summary_lines)
+from control_node.kernels.weights import DEFAULT_TOLERANCE
 
 SHAPES = {
     "rsl_rl 48-512-256-128-12 ELU + normaliser": dict(sizes=[48, 512, 256, 128, 12], act="elu", norm=True,
@@ -438,23 +438,65 @@ def bench_shape(name, cfg, dtype, settings, log):
         if not np.allclose(got, want, rtol=0, atol=tol):
             raise SystemExit(f"bench policy: {rname} on {name} {dtype} answers {got[:4]}..., the reference {want[:4]}...")
     if policy.isa == "avx512":      # what the 64-byte copy gains, side by side with the 32-byte one
-        os.environ["CONTROL_NODE_ISA"] = "avx2"
-        try:
-            narrow = Policy(spec)
-        finally:
-            del os.environ["CONTROL_NODE_ISA"]
+        narrow = Policy(spec, isa="avx2")
         narrow_out = np.zeros(narrow.n_actions)
         rows.append((f"kernel Policy.act_into(x, out), {narrow.isa} copy", functools.partial(narrow.act_into, x),
                      narrow_out))
     else:
         skipped["avx512 copy"] = f"this CPU has no AVX-512 (F/DQ/BW/VL): the {policy.isa} copy runs"
+    storage_rows, storage_errors = weight_storage_rows(spec, x)
+    rows += storage_rows
     rows.append(weights_read_row(weight_bytes_of(cfg["sizes"], dtype)))
     log(f"{name} {dtype}: {len(rows)} rows x {settings['samples']} samples ...")
     times = per_call(rows, settings["samples"])
     times.update(c_level(policy, spec, settings["chunks"], settings["chunk"]))
     alloc, peak = allocations_per_call(policy, x)
     return {"shape": name, "dtype": dtype, "sizes": cfg["sizes"], "activation": cfg["act"], "isa": policy.isa,
-            "kernel": policy.kernel, **shape_figures(times, floor_of(cfg["sizes"], dtype), alloc, peak, skipped)}
+            "kernel": policy.kernel, "weight_storage_errors": storage_errors,
+            **shape_figures(times, floor_of(cfg["sizes"], dtype), alloc, peak, skipped,
+                            storage_floors(storage_errors, lambda w: floor_of(cfg["sizes"], dtype, storage=w)))}
+
+
+STORAGES = ("f16", "bf16", "int8")
+
+
+def weight_storage_rows(spec, x, storages=STORAGES, n_error_rows=200):
+    """Rows of the same policy with its weights stored narrower (kernels/weights.py), in the same run as the
+    float32 rows and onnxruntime, and each storage's error against the float32 policy (measured here over
+    ``n_error_rows`` random observations plus the proof's edge samples, as an import measures it).
+    Returns ``(rows, errors)``: rows as bench_shape's (name, fn, argument)."""
+    import functools
+
+    from control_node.kernels import Policy
+    from control_node.kernels.importers.proof import proof_set
+    from control_node.kernels.weights import measure_error
+    rows, errors = [], {}
+    X, seqs = proof_set(spec, n_random=n_error_rows, seed=3)
+    for w in storages:
+        p = Policy(spec, weights=w)
+        out = np.zeros(p.n_actions)
+        name = f"kernel Policy.act_into(x, out), {w} weights"
+        if p.hidden_size:     # recurrent rows are called as fn(x) -> actions (bench recurrent's per_call)
+            def step(xv, p=p, out=out):
+                p.act_into(xv, out)
+                return out
+            rows.append((name, step, x))
+        else:
+            rows.append((name, functools.partial(p.act_into, x), out))
+        e = measure_error(spec, w, X, policy_class=Policy, seqs=seqs, tolerance=float("inf"))
+        errors[w] = {k: e[k] for k in ("max_abs", "p99_abs", "max_rel", "p99_rel", "samples", "measured_on")}
+        errors[w]["within_default_bound"] = e["max_rel"] <= DEFAULT_TOLERANCE[w]
+        errors[w]["resident_bytes"] = int(p.nbytes)
+        errors[w]["row"] = name
+    return rows, errors
+
+
+STORAGE_DTYPE = {"f16": "float16", "bf16": "bfloat16", "int8": "int8"}    # weight_bytes_of's names
+
+
+def storage_floors(errors, floor_of_storage):
+    """Each storage row's own floor (its weights' bytes, not float32's): {row name: floor_from tuple}."""
+    return {e["row"]: floor_of_storage(STORAGE_DTYPE[w]) for w, e in errors.items()}
 
 
 def _bound(fl):
@@ -463,23 +505,30 @@ def _bound(fl):
     return max(known) if known else None
 
 
-def shape_figures(times, floor, alloc, peak, skipped):
-    """The measured part of a shape's record: per row percentiles, the ratio to onnxruntime's IOBinding row
-    (the baseline) and to the floor (a ``floor_from`` tuple: ``vs_floor`` to the one it gives, and
-    ``vs_measured_floor`` / ``vs_published_floor`` to each where there is one), allocations, what was
-    skipped and why."""
-    compute, memory, level, how = floor
-    lo = _bound((compute, memory))
+def _bounds(floor):
+    """(the floor's bound, {measured / published: its bound}) of a ``floor_from`` tuple."""
     detail = getattr(floor, "detail", None) or {}
     each = {}
     for which in ("measured", "published"):
         d = detail.get(which)
         each[which] = _bound((d["compute"], d["memory"])) if d else None
+    return _bound(floor[:2]), each
+
+
+def shape_figures(times, floor, alloc, peak, skipped, row_floors=None):
+    """The measured part of a shape's record: per row percentiles, the ratio to onnxruntime's IOBinding row
+    (the baseline) and to the floor (a ``floor_from`` tuple: ``vs_floor`` to the one it gives, and
+    ``vs_measured_floor`` / ``vs_published_floor`` to each where there is one; a row named in ``row_floors``,
+    e.g. one with float16 weights, against its own), allocations, what was skipped and why."""
+    compute, memory, level, how = floor
+    detail = getattr(floor, "detail", None) or {}
+    own = {name: _bounds(f) for name, f in (row_floors or {}).items()}
     ort_name = next((r for r in times if "IOBinding" in r), None)
     base = float(np.median(times[ort_name])) if ort_name else None
     result = []
     for rname, t in times.items():
         p = pct(t)
+        lo, each = own.get(rname) or _bounds(floor)
         p.update(name=rname, vs_onnxruntime=(base / p["p50"]) if base else None,
                  vs_floor=(p["p50"] / lo) if lo else None,
                  **{f"vs_{k}_floor": (p["p50"] / v) if v else None for k, v in each.items()})
@@ -527,6 +576,11 @@ def report(res, first_column="row"):
                             "p50 / measured floor" if "measured" in fl else "p50 / floor"]
                     + (["p50 / published floor"] if published else []), rows, con)
         con.print(f"  floor: {fl['how']}")
+        for w, e in (sh.get("weight_storage_errors") or {}).items():
+            con.print(f"  {w} weights: max |error| {e['max_abs']:.3g} (p99 {e['p99_abs']:.3g}) = {e['max_rel']:.3g} of "
+                      f"the {'action' if e['measured_on'] == 'actions' else 'logit'} range over {e['samples']} "
+                      f"observations ({'within' if e['within_default_bound'] else 'ABOVE'} the default bound "
+                      f"{DEFAULT_TOLERANCE[w]:g}); {e['resident_bytes'] / 1024:.0f} KiB resident")
         if sh["skipped"]:
             con.print(f"  skipped: {sh['skipped']}")
 

@@ -34,7 +34,8 @@ import numpy as np
 
 from control_node.bench.common import (LOCK_FILE, machine_info, weights_read_row, write_json)
 from control_node.bench.policy import (allocations_per_call, c_level, compute_dtype_of, floor_from, floor_probe,
-                                      per_call, report, shape_figures, storage_bytes)
+                                      per_call, report, shape_figures, storage_bytes, storage_floors,
+                                      weight_storage_rows)
 
 SHAPES = {
     "rsl_rl LSTM(48->256) + 256-128-12 ELU": dict(kind="lstm", n=48, H=256, dense=[128, 12]),
@@ -298,15 +299,17 @@ def bench_shape(name, cfg, dtype, settings, log):
         except Exception as e:       # say so, keep the others
             skipped[peer] = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
     check_rows(name, spec, rows, resets)
-    log(f"{name} {dtype}: {len(rows) + 1} rows x {settings['samples']} samples ...")
-    times = per_call([(name, fn, x) for name, fn in rows] + [weights_read_row(weight_bytes_of(spec))],
+    storage_rows, storage_errors = weight_storage_rows(spec, x)     # f16 / bf16 / int8, their errors measured
+    log(f"{name} {dtype}: {len(rows) + len(storage_rows) + 1} rows x {settings['samples']} samples ...")
+    times = per_call([(name, fn, x) for name, fn in rows] + storage_rows + [weights_read_row(weight_bytes_of(spec))],
                      settings["samples"])
     times.update(c_level(policy, spec, settings["chunks"], settings["chunk"]))
     alloc, peak = allocations_per_call(policy, x, n=settings["alloc_calls"])
     policy.reset()
     return {"shape": name, "dtype": dtype, "recurrent": cfg["kind"], "n_features": cfg["n"], "hidden_size": cfg["H"],
-            "dense": cfg["dense"], "isa": policy.isa,
-            **shape_figures(times, floor_of(spec), alloc, peak, skipped)}
+            "dense": cfg["dense"], "isa": policy.isa, "weight_storage_errors": storage_errors,
+            **shape_figures(times, floor_of(spec), alloc, peak, skipped,
+                            storage_floors(storage_errors, lambda w: floor_of(spec, storage=w)))}
 
 
 def main(argv=None) -> int:

@@ -87,6 +87,8 @@ class Lifecycle:
             "name": name, "slot": slot, "path": os.path.abspath(path), "sha256": policy.sha256,
             "kind": "continuous" if policy.continuous else "argmax", "layers": [int(s) for s in policy.spec.layer_sizes],
             "recurrent": policy.recurrent, "dtype": policy.dtype, "nbytes": int(policy.nbytes),
+            # weight storage (issue #24): f32 exact, or f16 / bf16 / int8 with the error measured at import
+            "weights": policy.weights, "weights_error": policy.weights_error,
             "loaded_cycle": int(self.loop.cycles), "policy": policy}
         with self._lock:                    # the diagnostics thread reads residents (brief)
             self.residents[name] = entry

@@ -149,6 +149,8 @@ def policy_info(policy, safe: dict) -> dict:
     return {"kind": kind, "protocol": 2 if policy.continuous else 1, "n_features": int(policy.n_features),
             "n_actions": int(policy.n_actions), "action_names": list(policy.action_names),
             "classes": list(policy.classes) if not policy.continuous else [],
+            # weight storage and its measured error (issue #24): a run always says what its weights were
+            "weights": policy.weights, "weights_error": policy.weights_error,
             "safe_action": {"config": safe["config"], "mode": safe["mode"], "hold": bool(safe["hold"]),
                             "class": safe["class"], "u": safe["u"]}}
 

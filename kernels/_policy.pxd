@@ -68,6 +68,11 @@ cdef extern from "mlp_core.h" nogil:
         void *h
         void *c
         int64_t *resets
+        int wkind
+        const float *ws[MLP_MAX_LAYERS]
+        const float *wsx
+        const float *wsh
+        int isa_want
 
     ctypedef struct mlp_f32:
         int n_layers
@@ -111,12 +116,26 @@ cdef extern from "mlp_core.h" nogil:
         void *h
         void *c
         int64_t *resets
+        int wkind
+        const float *ws[MLP_MAX_LAYERS]
+        const float *wsx
+        const float *wsh
+        int isa_want
 
     int mlp_f64_small_rule(const mlp_f64 *m)
     int mlp_f32_small_rule(const mlp_f32 *m)
     void mlp_f64_init(mlp_f64 *m)
     void mlp_f32_init(mlp_f32 *m)
     const char *mlp_isa()
+    const char *mlp_isa_missing(int want)
+    enum: MLP_W_NATIVE
+    enum: MLP_W_F16
+    enum: MLP_W_BF16
+    enum: MLP_W_INT8
+    enum: MLP_ISA_AUTO
+    enum: MLP_ISA_PORTABLE
+    enum: MLP_ISA_AVX2
+    enum: MLP_ISA_AVX512
     float mlp_stream_read(const float *p, size_t n)
     enum: MLP_HEAD_ARGMAX
     enum: MLP_HEAD_CONTINUOUS

@@ -70,6 +70,32 @@ def _stream_read(cnp.ndarray buf):
 
 
 _RNN_KIND = {None: MLP_RNN_NONE, "lstm": MLP_RNN_LSTM, "gru": MLP_RNN_GRU}
+#: Policy(spec, isa=...) names -> mlp_core.h MLP_ISA_*; None / "auto": the widest copy this CPU runs
+ISAS = {None: MLP_ISA_AUTO, "auto": MLP_ISA_AUTO, "sse2": MLP_ISA_PORTABLE, "portable": MLP_ISA_PORTABLE,
+        "avx2": MLP_ISA_AVX2, "avx2+fma": MLP_ISA_AVX2, "avx512": MLP_ISA_AVX512}
+
+
+def _isa_code(isa):
+    if isa not in ISAS:
+        raise ValueError(f"isa: {isa!r} is not a kernel copy; use one of {', '.join(k for k in ISAS if k)} "
+                         "(or None for the widest this CPU runs)")
+    return ISAS[isa]
+
+
+def isa_missing(isa):
+    """None when this CPU (and build) runs the kernel copy ``isa`` ('sse2' / 'portable', 'avx2', 'avx512'),
+    else the first CPU feature it lacks (tests skip on it, naming the feature)."""
+    cdef const char *missing = mlp_isa_missing(_isa_code(isa))
+    return None if missing == NULL else missing.decode()
+
+
+def _narrow(cnp.ndarray laid_out, str weights):
+    """A laid-out float weight array -> the same layout in ``weights`` storage, 64-byte aligned."""
+    from control_node.kernels.weights import stored
+    values = stored(laid_out, weights)
+    out = _aligned_zeros(values.size, values.dtype)
+    out[:] = values
+    return out
 
 ctypedef fused model_t:      # the kernel's struct for a float32 or a float64 policy (mlp_core.h MLP_STRUCT)
     mlp_f32
@@ -91,6 +117,9 @@ cdef int _fill_shape(model_t *m, dict k) except -1:
         m.act_code[l] = k["codes"][l]
         m.alpha[l] = k["alphas"][l]
     m.n_obs, m.head, m.squash, m.pre, m.rnn = k["n_obs"], k["head"], k["squash"], k["pre"], k["rnn"]
+    m.wkind, m.isa_want = k["wkind"], k["isa_want"]
+    if m.isa_want == MLP_ISA_AVX512:      # the small kernels are AVX2: a forced AVX-512 copy runs the generic ones
+        return 0
     if model_t is mlp_f32:
         return mlp_f32_small_rule(m)
     else:
@@ -103,13 +132,21 @@ cdef int _fill_buffers(model_t *m, dict k, int64_t *resets) except -1:
     cdef int l
     # the struct's weight pointers are void * to Cython: check the buffers' dtype here, once
     itemsize = 4 if model_t is mlp_f32 else 8
-    for a in k["W"] + k["b"] + k["act"] + [k.get(n) for n in ("xin", "Wx", "Wh", "bx", "bh", "gx", "gh", "c")]:
+    witemsize = {MLP_W_NATIVE: itemsize, MLP_W_F16: 2, MLP_W_BF16: 2, MLP_W_INT8: 1}[m.wkind]
+    for a in k["b"] + k["act"] + [k.get(n) for n in ("xin", "bx", "bh", "gx", "gh", "c")]:
         if a is not None and a.itemsize != itemsize:
             raise TypeError(f"kernel layout: a {a.dtype} buffer for a {itemsize * 8}-bit policy")
+    for a in k["W"] + [k.get("Wx"), k.get("Wh")]:
+        if a is not None and a.itemsize != witemsize:
+            raise TypeError(f"kernel layout: {a.dtype} weights for {witemsize}-byte storage")
+    for a in k["ws"] + [k.get("wsx"), k.get("wsh")]:
+        if a is not None and a.dtype != np.float32:
+            raise TypeError("kernel layout: int8 scales must be float32")
     for l in range(m.n_layers):
         m.dot_form[l] = k["dot"][l]
         m.W[l] = _data(k["W"][l])
         m.b[l] = _data(k["b"][l])
+        m.ws[l] = <const float *> _data(k["ws"][l])
     for l in range(m.n_layers + 1):
         m.act[l] = _data(k["act"][l])
     m.mean, m.scale = <const double *> _data(k["mean"]), <const double *> _data(k["scale"])
@@ -123,6 +160,7 @@ cdef int _fill_buffers(model_t *m, dict k, int64_t *resets) except -1:
         m.H, m.pH, m.pg = k["H"], k["pH"], k["pg"]
         m.Wx, m.Wh, m.bx, m.bh = _data(k["Wx"]), _data(k["Wh"]), _data(k["bx"]), _data(k["bh"])
         m.gx, m.gh, m.h, m.c = _data(k["gx"]), _data(k["gh"]), _data(k["h"]), _data(k["c"])
+        m.wsx, m.wsh = <const float *> _data(k.get("wsx")), <const float *> _data(k.get("wsh"))
         m.resets = resets
     m.small_layout = k["small"]
     if model_t is mlp_f32:
@@ -143,6 +181,13 @@ cdef class Policy:
     Inputs are raw (un-normalised) float64 observations of shape ``(n_features,)``; actions are float64
     of shape ``(n_actions,)`` (an argmax policy has one: the class index).
 
+    ``Policy(spec, isa=None, weights=None)``: ``isa`` picks the kernel copy ('sse2' (alias 'portable'),
+    'avx2', 'avx512'; None: the widest this CPU runs; ValueError naming the missing CPU feature when it cannot
+    run the one named: see :func:`isa_missing`). ``weights`` stores the weight matrices as 'f32' (the model
+    dtype: exact, today's behaviour), 'f16', 'bf16' or 'int8' (per-output-channel symmetric, float32 scales;
+    kernels/weights.py), converted in registers at every step; default: ``spec.weights`` ('f32' unless the
+    model file says otherwise). Everything else stays in the model dtype.
+
     Recurrent policies (``recurrent`` 'lstm' / 'gru', ``hidden_size`` H): the Policy owns the state (h, c in
     64-byte aligned buffers allocated here) and every call (``act``, ``act_into``, ``act_bound``, ``act_ptr``,
     ``predict*``, ``logits``; ``act_batch`` / ``predict_batch`` run their rows as one sequence) is one step
@@ -151,13 +196,23 @@ cdef class Policy:
     ``state_resets_nonfinite`` and gives no action (-1 / NaN actions); the next step starts from zero.
     """
 
-    def __cinit__(self, spec):
+    def __cinit__(self, spec, isa=None, weights=None):
+        import dataclasses
+
         from control_node.kernels.model_file import ACTIVATIONS, ModelSpec
+        from control_node.kernels.weights import STORAGE, check_storage, quantise
         if not isinstance(spec, ModelSpec):
             raise TypeError("Policy(spec) takes a kernels.model_file.ModelSpec; use Policy.load(path) for a file")
         n_layers = len(spec.layers)
         if not 1 <= n_layers <= MLP_MAX_LAYERS:
             raise ValueError(f"layers: {n_layers} dense layers; the kernel supports 1 to {MLP_MAX_LAYERS}")
+        isa_want = _isa_code(isa)
+        missing = isa_missing(isa)
+        if missing is not None:
+            raise ValueError(f"isa={isa!r}: this CPU (or build) cannot run that copy: it lacks {missing}")
+        storage = check_storage(spec.weights if weights is None else weights)
+        if storage != spec.weights:       # the storage is part of what the policy answers: a new hash
+            spec = dataclasses.replace(spec, weights=storage, weights_error=None, sha256="")
         self.spec = spec
         self._is_f32 = spec.dtype == "float32"
         dtype = np.float32 if self._is_f32 else np.float64
@@ -172,7 +227,8 @@ cdef class Policy:
         k = {"n_layers": n_layers, "dims": dims, "pdims": [_pad(d, lanes) for d in dims], "n_obs": n_obs,
              "codes": [ACTIVATIONS[a][0] for a in spec.activations], "alphas": list(spec.alphas),
              "head": MLP_HEAD_CONTINUOUS if self.continuous else MLP_HEAD_ARGMAX, "squash": spec.squash,
-             "pre": spec.has_preprocessing, "rnn": _RNN_KIND[spec.recurrent]}
+             "pre": spec.has_preprocessing, "rnn": _RNN_KIND[spec.recurrent], "wkind": STORAGE[storage],
+             "isa_want": isa_want, "storage": storage}
         # the shape and activation fields first: mlp_core.h's rule says whether the small compile-time-shaped
         # kernels compute this policy, and those take their own layout (an axpy hidden layer, row-major)
         if self._is_f32:
@@ -186,9 +242,10 @@ cdef class Policy:
         k["scale"][:] = 1.0
         k["scale"][:n_obs] = spec.scale
         acts = [_aligned_zeros(_pad(d, PW), dtype) for d in dims]     # axpy layers write whole panels
-        k["act"], k["dot"], k["W"], k["b"] = acts, [], [], []
+        k["act"], k["dot"], k["W"], k["b"], k["ws"] = acts, [], [], [], []
         for l, (W, b) in enumerate(spec.layers):
             n_in, n_out = W.shape
+            W, wscale = quantise(W, storage, f"W{l}")     # f16 / bf16: rounded; int8: integers + scales
             dot = (l == 1) if small else _choose_dot_form(n_in, n_out, itemsize)
             if dot:     # rows padded to 64 bytes of outputs (zero rows): outputs go a vector at a time
                 Wp = _aligned_zeros(_pad(n_out, lanes) * _pad(n_in, lanes), dtype)
@@ -201,9 +258,14 @@ cdef class Policy:
                 Wp[:] = _in_panels(np.asarray(W, dtype), PW)
             bp = _aligned_zeros(_pad(n_out, PW), dtype)
             bp[:n_out] = b
+            sp = None
+            if wscale is not None:       # laid out as the bias; pad lanes 0 (their sums are 0 too)
+                sp = _aligned_zeros(_pad(n_out, PW), np.float32)
+                sp[:n_out] = wscale
             k["dot"].append(dot)
-            k["W"].append(Wp)
+            k["W"].append(Wp if storage == "f32" else _narrow(Wp, storage))
             k["b"].append(bp)
+            k["ws"].append(sp)
         for name, a in zip(("obs_scale", "obs_lo", "obs_hi", "norm_lo", "norm_hi"),
                            (spec.obs_scale, spec.obs_clip_low, spec.obs_clip_high, spec.norm_clip_low,
                             spec.norm_clip_high)):
@@ -249,9 +311,17 @@ cdef class Policy:
             Wh_cols[:, g * pH:g * pH + H] = spec.rnn_W_hh[g * H:(g + 1) * H, :].T
             bx[g * pH:g * pH + H] = spec.rnn_b_ih[g * H:(g + 1) * H]
             bh[g * pH:g * pH + H] = spec.rnn_b_hh[g * H:(g + 1) * H]
+        from control_node.kernels.weights import quantise
+        storage = k["storage"]
+        Wx_cols, sx = quantise(Wx_cols, storage, "rnn_W_ih")     # channels: the gate outputs (columns here)
+        Wh_cols, sh = quantise(Wh_cols, storage, "rnn_W_hh")
         Wx, Wh = _aligned_zeros(n_obs * pg, dtype), _aligned_zeros(H * pg, dtype)
         Wx[:] = _in_panels(Wx_cols, PW)
         Wh[:] = _in_panels(Wh_cols, PW)
+        if storage != "f32":
+            Wx, Wh = _narrow(Wx, storage), _narrow(Wh, storage)
+        if sx is not None:
+            k["wsx"], k["wsh"] = sx.astype(np.float32), sh.astype(np.float32)
         lstm = spec.recurrent == "lstm"
         k.update(H=H, pH=pH, pg=pg, Wx=Wx, Wh=Wh, bx=bx, bh=bh, gx=_aligned_zeros(pg, dtype),
                  gh=_aligned_zeros(pg, dtype), xin=_aligned_zeros(_pad(n_obs, lanes), dtype), h=k["act"][0],
@@ -260,14 +330,15 @@ cdef class Policy:
         self._state = (k["h"], k["c"])
 
     @classmethod
-    def load(cls, path, *, verify=True):
+    def load(cls, path, *, verify=True, isa=None, weights=None):
         """Read, validate and (by default) verify a model file against the numpy reference.
 
         ``.onnx`` and TorchScript (``.pt``) files are imported on the fly
         (``control_node.kernels.importers``), proven against onnxruntime / torch.
         Raises ``kernels.ModelFileError`` naming the bad field, an importer's refusal naming the
         node and operator, or ``kernels.ConsistencyError`` naming the first sample where the kernel
-        and the reference disagree.
+        and the reference disagree. ``isa`` and ``weights`` as for ``Policy(spec, ...)`` (weights default:
+        what the file says, f32 when it says nothing).
         """
         from control_node.kernels.model_file import load_model
         from control_node.kernels.reference import check_consistency
@@ -276,7 +347,8 @@ cdef class Policy:
             spec, _proof = import_policy(path)          # refused whole, or proven against its runtime
         else:
             spec = load_model(path)
-        policy = cls(spec)
+        policy = cls(spec, isa=isa, weights=weights)
+        spec = policy.spec
         if verify:
             check_consistency(policy, spec)
         return policy
@@ -507,6 +579,16 @@ cdef class Policy:
     @property
     def dtype(self):
         return self.spec.dtype
+
+    @property
+    def weights(self):
+        """How the weight matrices are stored: 'f32' (the model dtype, exact), 'f16', 'bf16' or 'int8'."""
+        return self.spec.weights
+
+    @property
+    def weights_error(self):
+        """The error measured for this storage at import (kernels.weights.measure_error), or None."""
+        return self.spec.weights_error
 
     @property
     def layers(self):

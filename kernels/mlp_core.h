@@ -19,8 +19,8 @@
  * finite, h and c are zeroed, *resets is incremented and the step returns -1 without running the dense
  * layers (their outputs, act[L], are set to NaN). mlp_*_reset() zeroes the state.
  *
- * Plain C so that the compiler, not Cython, owns the vector code. One template,
- * instantiated for double and float by the macros below.
+ * Plain C so that the compiler, not Cython, owns the vector code. The body is mlp_body.h, included once per
+ * (dtype, ISA) below (MLP_KERNELS' old macro form had no line numbers for errors, gdb or perf).
  *
  * Layout (set up once by kernels/_policy.pyx, never changed afterwards):
  *   act[0]      normalised input, padded to pdims[0] lanes (pad lanes stay 0)
@@ -48,7 +48,8 @@
  * x86-64-v3 (AVX2 + FMA, 32-byte vectors) and the baseline (SSE2, 16-byte vectors),
  * and mlp_*_init() picks one at load time with __builtin_cpu_supports (the small
  * compile-time-shaped kernels stay on AVX2: their registers hold 32-byte rows).
- * CONTROL_NODE_ISA=avx2|sse2 forces a narrower copy. MLP_NATIVE (CONTROL_NODE_NATIVE=1
+ * Policy(spec, isa="sse2" | "avx2" | "avx512") selects a copy (m->isa_want; mlp_isa_missing() first).
+ * CONTROL_NODE_ISA=avx2|sse2 still narrows the automatic choice (and the bench's stream-read probe). MLP_NATIVE (CONTROL_NODE_NATIVE=1
  * at build time) compiles a single -march=native copy instead.
  */
 #ifndef CONTROL_NODE_MLP_CORE_H
@@ -61,6 +62,9 @@
 #include <string.h>
 
 #include "vmath.h"
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#endif
 
 #define MLP_MAX_LAYERS 16
 /* activation codes: kernels/model_file.py ACTIVATIONS holds the same numbers */
@@ -69,6 +73,11 @@ enum { MLP_ACT_IDENTITY = 0, MLP_ACT_RELU = 1, MLP_ACT_ELU = 2, MLP_ACT_SELU = 3
        MLP_N_ACT = 10 };
 enum { MLP_HEAD_ARGMAX = 0, MLP_HEAD_CONTINUOUS = 1 };
 enum { MLP_RNN_NONE = 0, MLP_RNN_LSTM = 1, MLP_RNN_GRU = 2 };     /* model_file.py RECURRENT, in this order */
+/* weight storage (kernels/weights.py STORAGE holds the same numbers): the model dtype itself, IEEE half,
+ * bfloat16, int8 with a float32 scale per output channel */
+enum { MLP_W_NATIVE = 0, MLP_W_F16 = 1, MLP_W_BF16 = 2, MLP_W_INT8 = 3 };
+/* the vector copy asked for (Policy(spec, isa=...)): the widest the CPU has, or one named */
+enum { MLP_ISA_AUTO = 0, MLP_ISA_PORTABLE = 1, MLP_ISA_AVX2 = 2, MLP_ISA_AVX512 = 3 };
 #define MLP_BLOCK_BYTES 64   /* padding and alignment of every row */
 #define MLP_PANEL_BYTES 256  /* axpy matrices: column panels of this width (8 AVX2 / 4 AVX-512 vectors) */
 
@@ -78,6 +87,39 @@ enum { MLP_RNN_NONE = 0, MLP_RNN_LSTM = 1, MLP_RNN_GRU = 2 };     /* model_file.
 #define MLP_INLINE static inline
 #endif
 
+
+/* IEEE half -> float in integer arithmetic (the portable copies; F16C / AVX-512 use VCVTPH2PS): the 15 bits
+ * of exponent and mantissa moved to a float's place and scaled by 2^112 (the bias difference) is exact for
+ * normals, subnormals and zero. No inf / NaN reaches here: kernels/weights.py refuses weights a half cannot
+ * hold. */
+static inline float mlp_half_to_float(uint16_t h) {
+    uint32_t em = (uint32_t)(h & 0x7fff) << 13, u;
+    float f;
+    memcpy(&f, &em, 4);
+    f *= 0x1p112f;
+    memcpy(&u, &f, 4);
+    u |= (uint32_t)(h & 0x8000) << 16;
+    memcpy(&f, &u, 4);
+    return f;
+}
+static inline float mlp_bf16_to_float(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+/* Weight loaders for the generic copy (non-x86, or the -march=native build): lane by lane in C, which the
+ * compiler vectorises as the target allows. LDP##_h / _bh / _q load one VT from stored f16 / bf16 / int8,
+ * LDP##_s one VT of float32 scales. */
+#define MLP_LD_SCALAR(T, VT, LDP)                                                     \
+MLP_INLINE VT LDP##_h(const uint16_t *p) {                                            \
+    VT v = {0}; for (int k = 0; k < (int)(sizeof(VT) / sizeof(T)); k++) v[k] = (T)mlp_half_to_float(p[k]); return v; } \
+MLP_INLINE VT LDP##_bh(const uint16_t *p) {                                           \
+    VT v = {0}; for (int k = 0; k < (int)(sizeof(VT) / sizeof(T)); k++) v[k] = (T)mlp_bf16_to_float(p[k]); return v; } \
+MLP_INLINE VT LDP##_q(const int8_t *p) {                                              \
+    VT v = {0}; for (int k = 0; k < (int)(sizeof(VT) / sizeof(T)); k++) v[k] = (T)p[k]; return v; } \
+MLP_INLINE VT LDP##_s(const float *p) {                                               \
+    VT v = {0}; for (int k = 0; k < (int)(sizeof(VT) / sizeof(T)); k++) v[k] = (T)p[k]; return v; }
 
 /* Accumulators are GCC vector-extension values, not arrays: arrays get spilled to
  * the stack with mixed-width stores and reloads, and the failed store-to-load
@@ -93,23 +135,30 @@ enum { MLP_RNN_NONE = 0, MLP_RNN_LSTM = 1, MLP_RNN_GRU = 2 };     /* model_file.
 /* ... only for a matrix larger than this: for one that stays in L1 / L2 the prefetches are */
 /* pure overhead (4 extra instructions per 8 FMAs; PPO 3-64-64-1 ran 264 -> 326 ns with them). */
 #define MLP_PREFETCH_MIN_BYTES (256 * 1024)
-#define MLP_AXPY_NB(T, VT, NAME, NB, PF, SUFFIX)                                      \
+/* Weights may be stored narrower than the compute dtype T (m->wkind, MLP_W_*): WT is the stored element,
+ * LD(p) loads one vector of T from LN stored values and converts it in registers (no wider copy is kept);
+ * SCALED (int8): the sums run over the raw integers and each output is multiplied by its channel's float32
+ * scale (SLD) before the bias is added. For the native storage LD is a plain load and SCALED 0, so the
+ * float32 / float64 kernels compile to what they were. */
+#define MLP_AXPY_NB(T, VT, NAME, NB, PF, SUFFIX, WT, LD, SLD, SCALED)                 \
 MLP_INLINE void NAME##_axpy_nb##NB##SUFFIX(const T *restrict in, int n_in,            \
-                                   const T *restrict W, int stride,                   \
-                                   const T *restrict b, T *restrict out, int relu) {  \
-    enum { LINES = (NB * (int)sizeof(VT) + 63) / 64 };                                \
+                                   const WT *restrict W, int stride,                  \
+                                   const T *restrict b, const float *restrict s,      \
+                                   T *restrict out, int relu) {                       \
+    enum { LN = (int)(sizeof(VT) / sizeof(T)), LINES = (NB * LN * (int)sizeof(WT) + 63) / 64 }; \
     VT acc[NB];                                                                       \
-    for (int q = 0; q < NB; q++) acc[q] = ((const VT *)b)[q];                         \
+    for (int q = 0; q < NB; q++) acc[q] = SCALED ? (VT){0} : ((const VT *)b)[q];      \
     for (int i = 0; i < n_in; i++) {                                                  \
         const T x0 = in[i];                                                           \
-        const VT *w0 = (const VT *)(W + (size_t)i * stride);                          \
+        const WT *w0 = W + (size_t)i * stride;                                        \
         if (PF)                                                                       \
             for (int k = 0; k < LINES; k++)                                           \
                 __builtin_prefetch((const char *)w0 + MLP_PREFETCH_BYTES + 64 * k, 0, 3); \
-        for (int q = 0; q < NB; q++) acc[q] += x0 * w0[q];                            \
+        for (int q = 0; q < NB; q++) acc[q] += x0 * LD(w0 + q * LN);                  \
     }                                                                                 \
     for (int q = 0; q < NB; q++) {                                                    \
         VT v = acc[q];                                                                \
+        if (SCALED) v = v * SLD(s + q * LN) + ((const VT *)b)[q];                     \
         if (relu) v = NAME##_relu(v);                                                 \
         ((VT *)out)[q] = v;                                                           \
     }                                                                                 \
@@ -163,6 +212,61 @@ MLP_INLINE VT NAME##_tsum(const VT *c) {                                        
          + MLP_SH(VI, w[0], w[1], 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31); \
 }
 
+/* The weight-reading kernels for one storage WSFX (see MLP_AXPY_NB): WT stored elements at the same element
+ * offsets as the T layout (panels and padded rows are counted in T's lanes), so one layout serves every
+ * storage and only the bytes read shrink.
+ *
+ * panels: out = b + W^T in for W in panels (pg / PW panels of (n_in, PW) values, PW = 256 bytes of T, each
+ * contiguous): one pass of the 8-vector kernel per panel (two with 16-byte vectors; a 4-vector pass with
+ * 64-byte ones). Dense axpy layers and the recurrent gates use it.
+ * layer_dot: BLK outputs at a time, one partial-sum vector each (the inputs run in the outer loop, so BLK
+ * independent FMA chains overlap); the BLK vectors are then transposed and added in one shuffle tree. Wt has
+ * its rows padded to 64 bytes of T (zero rows), so whole groups never read past it. */
+#define MLP_WEIGHTS(T, VT, NAME, WSFX, WT, LD, SLD, SCALED)                            \
+MLP_AXPY_NB(T, VT, NAME, 4, 0, WSFX, WT, LD, SLD, SCALED)                             \
+MLP_AXPY_NB(T, VT, NAME, 8, 0, WSFX, WT, LD, SLD, SCALED)                             \
+MLP_AXPY_NB(T, VT, NAME, 4, 1, WSFX##_pf, WT, LD, SLD, SCALED)                        \
+MLP_AXPY_NB(T, VT, NAME, 8, 1, WSFX##_pf, WT, LD, SLD, SCALED)                        \
+MLP_INLINE void NAME##_panels##WSFX(const T *restrict in, int n_in, const WT *restrict W, \
+                                    const T *restrict b, const float *restrict s,     \
+                                    T *restrict out, int pg, int relu) {              \
+    enum { LNS = (int)(sizeof(VT) / sizeof(T)), PW = MLP_PANEL_BYTES / (int)sizeof(T), \
+           NBP = PW / LNS >= 8 ? 8 : 4, STEP = NBP * LNS };                            \
+    const int pf = (size_t)n_in * (size_t)pg * sizeof(WT) > MLP_PREFETCH_MIN_BYTES;   \
+    for (int p0 = 0; p0 < pg; p0 += PW) {                                             \
+        const WT *Wp = W + (size_t)p0 * n_in;                                         \
+        for (int q = 0; q < PW; q += STEP) {                                          \
+            const WT *Wq = Wp + q;                                                    \
+            const T *bq = b + p0 + q;                                                 \
+            const float *sq = SCALED ? s + p0 + q : s;                                \
+            T *oq = out + p0 + q;                                                     \
+            if (NBP == 8 && pf) NAME##_axpy_nb8##WSFX##_pf(in, n_in, Wq, PW, bq, sq, oq, relu); \
+            else if (NBP == 8) NAME##_axpy_nb8##WSFX(in, n_in, Wq, PW, bq, sq, oq, relu); \
+            else if (pf) NAME##_axpy_nb4##WSFX##_pf(in, n_in, Wq, PW, bq, sq, oq, relu); \
+            else NAME##_axpy_nb4##WSFX(in, n_in, Wq, PW, bq, sq, oq, relu);           \
+        }                                                                             \
+    }                                                                                 \
+}                                                                                     \
+MLP_INLINE void NAME##_layer_dot##WSFX(const T *restrict in, int pn_in, const WT *restrict Wt, \
+                                       const T *restrict b, const float *restrict s,  \
+                                       T *restrict out, int n_out, int relu) {        \
+    enum { LNS = (int)(sizeof(VT) / sizeof(T)) };                                     \
+    const VT *xv = (const VT *)in;                                                    \
+    const int nb = pn_in / LNS;                                                       \
+    for (int j0 = 0; j0 < n_out; j0 += LNS) {                                         \
+        const WT *w = Wt + (size_t)j0 * pn_in;                                        \
+        VT acc[LNS];                                                                  \
+        for (int k = 0; k < LNS; k++) acc[k] = xv[0] * LD(w + (size_t)k * pn_in);     \
+        for (int q = 1; q < nb; q++)                                                  \
+            for (int k = 0; k < LNS; k++) acc[k] += xv[q] * LD(w + (size_t)k * pn_in + q * LNS); \
+        VT v = NAME##_tsum(acc);                                                      \
+        if (SCALED) v = v * SLD(s + j0);                                              \
+        v += *(const VT *)(b + j0);                                                   \
+        if (relu) v = NAME##_relu(v);                                                 \
+        *(VT *)(out + j0) = v;                                                        \
+    }                                                                                 \
+}
+
 #define MLP_STRUCT(T, NAME)                                                           \
 typedef struct NAME##_s NAME;                                                         \
 struct NAME##_s {                                                                     \
@@ -172,7 +276,7 @@ struct NAME##_s {                                                               
     int dot_form[MLP_MAX_LAYERS];                                                     \
     const double *mean;                   /* (dims[0],) float64, padded */            \
     const double *scale;                  /* (dims[0],) float64, never 0, padded */   \
-    const T *W[MLP_MAX_LAYERS];                                                       \
+    const void *W[MLP_MAX_LAYERS];        /* T, or the narrower storage of wkind */   \
     const T *b[MLP_MAX_LAYERS];                                                       \
     T *act[MLP_MAX_LAYERS + 1];                                                       \
     int act_code[MLP_MAX_LAYERS];         /* MLP_ACT_* per dense layer */             \
@@ -190,277 +294,31 @@ struct NAME##_s {                                                               
     T *xin;                               /* pre-processed observation, padded (act[0] without one) */ \
     int H, pH;                            /* hidden size; padded to 64 bytes */       \
     int pg;                               /* G*pH padded to whole MLP_PANEL_BYTES panels */ \
-    const T *Wx, *Wh;                     /* panels (pg/PW, n_obs or H, PW): gate blocks of pH */ \
+    const void *Wx, *Wh;                  /* panels (pg/PW, n_obs or H, PW): gate blocks of pH */ \
     const T *bx, *bh;                     /* (pg,): b_ih, b_hh in the same blocks */  \
     T *gx, *gh;                           /* (pg,) scratch: the two matrix-vector products */ \
     T *h, *c;                             /* state (pH,): h == act[0]; c NULL for a GRU */ \
     int64_t *resets;                      /* ++ on every non-finite state reset (or NULL) */ \
+    int wkind;                            /* MLP_W_*: how W, Wx, Wh are stored */     \
+    const float *ws[MLP_MAX_LAYERS];      /* int8: per-output scales, laid out as b */ \
+    const float *wsx, *wsh;               /* int8: scales of Wx, Wh, laid out as bx */ \
+    int isa_want;                         /* MLP_ISA_*: the copy asked for (0: widest) */ \
     int (*forward)(NAME *, const double *);     /* chosen by NAME##_init */           \
     int (*act_fn)(NAME *, const double *, double *);                                   \
     void (*forward_batch)(NAME *, const double *, ptrdiff_t, ptrdiff_t, int64_t *);   \
     int64_t (*chain)(NAME *, const double *, ptrdiff_t, ptrdiff_t, ptrdiff_t);        \
 };
 
-#define MLP_KERNELS(T, VT, VI, NAME, BLK, SFX, RELU)                                  \
-/* ReLU as one max instruction where the ISA has it (RELU), else by mask; either */   \
-/* way v < 0 becomes 0 and a NaN stays NaN, so a broken input cannot look valid. */   \
-MLP_INLINE VT NAME##SFX##_relu(VT v) { return RELU(v); }                              \
-MLP_VMATH(T, VT, VI, NAME##SFX##_vm)                                                  \
-/* Activations other than ReLU run as a second pass over the layer's (cache-hot) output */ \
-/* row: one switch per layer, a tight loop per activation, and the FMA loops above keep */  \
-/* their accumulators in registers. ReLU stays fused into the layer (one max). */          \
-MLP_INLINE void NAME##SFX##_activate_row(T *restrict out, int pn, int code, T alpha) {   \
-    VT *o = (VT *)out;                                                                \
-    const int nv = pn / BLK;                                                          \
-    switch (code) {                                                                   \
-    case MLP_ACT_ELU: for (int q = 0; q < nv; q++) o[q] = NAME##SFX##_vm_elu(o[q], alpha); break; \
-    case MLP_ACT_SELU: for (int q = 0; q < nv; q++) o[q] = NAME##SFX##_vm_selu(o[q]); break; \
-    case MLP_ACT_LEAKY_RELU: for (int q = 0; q < nv; q++) o[q] = NAME##SFX##_vm_leaky_relu(o[q], alpha); break; \
-    case MLP_ACT_CELU: for (int q = 0; q < nv; q++) o[q] = NAME##SFX##_vm_celu(o[q], alpha); break; \
-    case MLP_ACT_TANH: for (int q = 0; q < nv; q++) o[q] = NAME##SFX##_vm_tanh(o[q]); break; \
-    case MLP_ACT_SIGMOID: for (int q = 0; q < nv; q++) o[q] = NAME##SFX##_vm_sigmoid(o[q]); break; \
-    case MLP_ACT_SOFTPLUS: for (int q = 0; q < nv; q++) o[q] = NAME##SFX##_vm_softplus(o[q]); break; \
-    case MLP_ACT_SILU: for (int q = 0; q < nv; q++) o[q] = NAME##SFX##_vm_silu(o[q]); break; \
-    default: break;                    /* identity, and ReLU (fused into the layer) */ \
-    }                                                                                 \
-}                                                                                     \
-/* axpy form on panels: 8 (or 4 when a panel holds only 4) vectors of outputs at once. */ \
-MLP_AXPY_NB(T, VT, NAME##SFX, 4, 0, )                                                 \
-MLP_AXPY_NB(T, VT, NAME##SFX, 8, 0, )                                                 \
-MLP_AXPY_NB(T, VT, NAME##SFX, 4, 1, _pf)                                              \
-MLP_AXPY_NB(T, VT, NAME##SFX, 8, 1, _pf)                                              \
-MLP_TSUM_##BLK(VT, VI, NAME##SFX)                                                     \
-                                                                                      \
-/* out = b + W^T in for W in panels (pg / PW panels of (n_in, PW) values, PW = 256 bytes, */ \
-/* each contiguous): one pass of the 8-vector kernel per panel (two with 16-byte vectors; */ \
-/* a 4-vector pass with 64-byte ones). Dense axpy layers and the recurrent gates use it. */ \
-MLP_INLINE void NAME##SFX##_panels(const T *restrict in, int n_in, const T *restrict W,   \
-                                   const T *restrict b, T *restrict out, int pg, int relu) { \
-    enum { PW = MLP_PANEL_BYTES / (int)sizeof(T), NBP = PW / BLK >= 8 ? 8 : 4, STEP = NBP * BLK }; \
-    const int pf = (size_t)n_in * (size_t)pg * sizeof(T) > MLP_PREFETCH_MIN_BYTES;    \
-    for (int p0 = 0; p0 < pg; p0 += PW) {                                             \
-        const T *Wp = W + (size_t)p0 * n_in;                                          \
-        for (int q = 0; q < PW; q += STEP) {                                          \
-            const T *Wq = Wp + q, *bq = b + p0 + q;                                   \
-            T *oq = out + p0 + q;                                                     \
-            if (NBP == 8 && pf) NAME##SFX##_axpy_nb8_pf(in, n_in, Wq, PW, bq, oq, relu); \
-            else if (NBP == 8) NAME##SFX##_axpy_nb8(in, n_in, Wq, PW, bq, oq, relu);  \
-            else if (pf) NAME##SFX##_axpy_nb4_pf(in, n_in, Wq, PW, bq, oq, relu);     \
-            else NAME##SFX##_axpy_nb4(in, n_in, Wq, PW, bq, oq, relu);                \
-        }                                                                             \
-    }                                                                                 \
-}                                                                                     \
-MLP_INLINE void NAME##SFX##_layer_axpy(const T *restrict in, int n_in,                \
-                                  const T *restrict W, const T *restrict b,           \
-                                  T *restrict out, int pn_out, int relu) {            \
-    enum { PW = MLP_PANEL_BYTES / (int)sizeof(T) };                                   \
-    NAME##SFX##_panels(in, n_in, W, b, out, (pn_out + PW - 1) / PW * PW, relu);       \
-}                                                                                     \
-                                                                                      \
-/* dot form: BLK outputs at a time, one partial-sum vector each (the inputs run in */ \
-/* the outer loop, so BLK independent FMA chains overlap); the BLK vectors are then */ \
-/* transposed and added in one shuffle tree. Wt has its rows padded to 64 bytes */    \
-/* (zero rows), so whole groups never read past it. */                               \
-MLP_INLINE void NAME##SFX##_layer_dot(const T *restrict in, int pn_in,                \
-                                 const T *restrict Wt, const T *restrict b,           \
-                                 T *restrict out, int n_out, int relu) {              \
-    const VT *xv = (const VT *)in;                                                    \
-    const int nb = pn_in / BLK;                                                       \
-    for (int j0 = 0; j0 < n_out; j0 += BLK) {                                         \
-        const VT *w = (const VT *)(Wt + (size_t)j0 * pn_in);                          \
-        VT acc[BLK];                                                                  \
-        for (int k = 0; k < BLK; k++) acc[k] = xv[0] * w[k * nb];                     \
-        for (int q = 1; q < nb; q++)                                                  \
-            for (int k = 0; k < BLK; k++) acc[k] += xv[q] * w[k * nb + q];            \
-        VT v = NAME##SFX##_tsum(acc) + *(const VT *)(b + j0);                         \
-        if (relu) v = NAME##SFX##_relu(v);                                            \
-        *(VT *)(out + j0) = v;                                                        \
-    }                                                                                 \
-}                                                                                     \
-                                                                                      \
-/* Argmax of n_out logits (first maximum, as numpy), or -1 when any is NaN or +-Inf. */ \
-/* Branch-free: a mispredicted compare per sample would cost more than the whole */  \
-/* forward pass and stop consecutive samples from overlapping. */                    \
-MLP_INLINE int NAME##SFX##_argmax(const T *z, int n_out) {                            \
-    int best = 0;                                                                     \
-    T best_v = z[0];                                                                  \
-    int finite = (z[0] - z[0]) == 0;   /* false for NaN and +-Inf */                  \
-    for (int j = 1; j < n_out; j++) {                                                 \
-        const T v = z[j];                                                             \
-        const int gt = v > best_v;                                                    \
-        finite &= (v - v) == 0;                                                       \
-        best += (j - best) & -gt;                                                     \
-        best_v = gt ? v : best_v;                                                     \
-    }                                                                                 \
-    return finite ? best : -1;                                                        \
-}                                                                                     \
-                                                                                      \
-/* Pre-processing and every dense layer for one sample: leaves the outputs in act[L]. */ \
-/* Clips are written as compares so that a NaN passes through (as numpy's clip). */  \
-MLP_INLINE void NAME##SFX##_pre(NAME *m, const double *x, T *restrict a0, int n0) {   \
-    if (m->pre) {                                                                     \
-        for (int i = 0; i < n0; i++) {                                                \
-            double v = x[i] * m->obs_scale[i];                                        \
-            v = v < m->obs_lo[i] ? m->obs_lo[i] : v;                                  \
-            v = v > m->obs_hi[i] ? m->obs_hi[i] : v;                                  \
-            v = (v - m->mean[i]) / m->scale[i];                                       \
-            v = v < m->norm_lo[i] ? m->norm_lo[i] : v;                                \
-            v = v > m->norm_hi[i] ? m->norm_hi[i] : v;                                \
-            a0[i] = (T)v;                                                             \
-        }                                                                             \
-    } else {                                                                          \
-        for (int i = 0; i < n0; i++) a0[i] = (T)((x[i] - m->mean[i]) / m->scale[i]);  \
-    }                                                                                 \
-}                                                                                     \
-MLP_INLINE void NAME##SFX##_dense(NAME *m) {                                          \
-    const int L = m->n_layers;                                                        \
-    for (int l = 0; l < L; l++) {                                                     \
-        const int code = m->act_code[l], relu = code == MLP_ACT_RELU;                 \
-        if (m->dot_form[l])                                                           \
-            NAME##SFX##_layer_dot(m->act[l], m->pdims[l], m->W[l], m->b[l],           \
-                             m->act[l + 1], m->dims[l + 1], relu);                    \
-        else                                                                          \
-            NAME##SFX##_layer_axpy(m->act[l], m->dims[l], m->W[l], m->b[l],           \
-                              m->act[l + 1], m->pdims[l + 1], relu);                  \
-        if (code > MLP_ACT_RELU)                                                      \
-            NAME##SFX##_activate_row(m->act[l + 1], m->pdims[l + 1], code, (T)m->alpha[l]); \
-    }                                                                                 \
-}                                                                                     \
-MLP_INLINE void NAME##SFX##_body(NAME *m, const double *x) {                          \
-    NAME##SFX##_pre(m, x, m->act[0], m->dims[0]);                                     \
-    NAME##SFX##_dense(m);                                                             \
-}                                                                                     \
-                                                                                      \
-/* The gates' nonlinearities on gx, gh and the new state in place, then the finiteness check (see */ \
-/* NAME##SFX##_rnn_step). */                                                          \
-MLP_INLINE int NAME##SFX##_rnn_gates(NAME *m, const int pH, const int nv, const int lstm) { \
-    const VT *restrict gx = (const VT *)m->gx, *restrict gh = (const VT *)m->gh;      \
-    T *restrict hs = m->h, *restrict cs = m->c;   /* every access below goes through these */ \
-    VT *h = (VT *)hs, *c = (VT *)cs;                                                  \
-    if (lstm) {                               /* torch gate blocks i, f, g, o */      \
-        for (int q = 0; q < nv; q++) {                                                \
-            const VT i = NAME##SFX##_vm_sigmoid(gx[q] + gh[q]);                       \
-            const VT f = NAME##SFX##_vm_sigmoid(gx[nv + q] + gh[nv + q]);             \
-            const VT g = NAME##SFX##_vm_tanh(gx[2 * nv + q] + gh[2 * nv + q]);        \
-            const VT o = NAME##SFX##_vm_sigmoid(gx[3 * nv + q] + gh[3 * nv + q]);     \
-            const VT cn = f * c[q] + i * g;                                           \
-            c[q] = cn;                                                                \
-            h[q] = o * NAME##SFX##_vm_tanh(cn);                                       \
-        }                                                                             \
-    } else {                                  /* torch gate blocks r, z, n */         \
-        for (int q = 0; q < nv; q++) {                                                \
-            const VT r = NAME##SFX##_vm_sigmoid(gx[q] + gh[q]);                       \
-            const VT z = NAME##SFX##_vm_sigmoid(gx[nv + q] + gh[nv + q]);             \
-            const VT n = NAME##SFX##_vm_tanh(gx[2 * nv + q] + r * gh[2 * nv + q]);    \
-            h[q] = ((T)1 - z) * n + z * h[q];                                         \
-        }                                                                             \
-    }                                                                                 \
-    for (int j = m->H; j < pH; j++) {         /* pad lanes: 0 (inf * 0 could be NaN) */ \
-        hs[j] = 0;                                                                    \
-        if (lstm) cs[j] = 0;                                                          \
-    }                                                                                 \
-    VT chk = (VT){0};                         /* v - v: 0 when finite, NaN otherwise */ \
-    for (int q = 0; q < nv; q++) chk += h[q] - h[q];                                  \
-    if (lstm) for (int q = 0; q < nv; q++) chk += c[q] - c[q];                        \
-    int finite = 1;                                                                   \
-    for (int k = 0; k < BLK; k++) finite &= chk[k] == 0;                              \
-    if (finite) return 0;                                                             \
-    memset(hs, 0, sizeof(T) * (size_t)pH);                                            \
-    if (lstm) memset(cs, 0, sizeof(T) * (size_t)pH);                                  \
-    if (m->resets) ++*m->resets;                                                      \
-    T *z = m->act[m->n_layers];               /* no outputs this step */              \
-    for (int j = 0; j < m->dims[m->n_layers]; j++) z[j] = (T)__builtin_nan("");       \
-    return -1;                                                                        \
-}                                                                                     \
-/* One step of the recurrent layer on m->xin (see the header comment): 0, or -1 when */ \
-/* the new state is not finite (the state is then zero and *resets incremented). */  \
-MLP_INLINE int NAME##SFX##_rnn_step(NAME *m) {                                        \
-    const int pH = m->pH, nv = pH / BLK, lstm = m->rnn == MLP_RNN_LSTM;               \
-    NAME##SFX##_panels(m->xin, m->n_obs, m->Wx, m->bx, m->gx, m->pg, 0);                 \
-    NAME##SFX##_panels(m->h, m->H, m->Wh, m->bh, m->gh, m->pg, 0);                       \
-    return NAME##SFX##_rnn_gates(m, pH, nv, lstm);                                    \
-}                                                                                     \
-MLP_INLINE int NAME##SFX##_rnn_body(NAME *m, const double *x) {                       \
-    NAME##SFX##_pre(m, x, m->xin, m->n_obs);                                          \
-    if (NAME##SFX##_rnn_step(m) < 0) return -1;                                       \
-    NAME##SFX##_dense(m);                                                             \
-    return 0;                                                                         \
-}                                                                                     \
-                                                                                      \
-/* Forward pass for one sample. Returns the argmax (first maximum, as numpy), or */  \
-/* -1 when any output is NaN or infinite: the caller must then act safely. */        \
-MLP_INLINE int NAME##SFX##_forward_inline(NAME *m, const double *x) {                 \
-    NAME##SFX##_body(m, x);                                                           \
-    return NAME##SFX##_argmax(m->act[m->n_layers], m->dims[m->n_layers]);             \
-}                                                                                     \
-                                                                                      \
-/* The action of one sample into u (float64): a continuous head writes dims[L] */     \
-/* values and returns 0, or -1 when an output or action is not finite (u is then */  \
-/* garbage: act safely); an argmax head writes the class index to u[0] and returns */ \
-/* it (-1: not finite). */                                                           \
-static int NAME##_act##SFX(NAME *m, const double *x, double *u) {                     \
-    NAME##SFX##_body(m, x);                                                           \
-    if (m->head == MLP_HEAD_ARGMAX) {                                                 \
-        const int k = NAME##SFX##_argmax(m->act[m->n_layers], m->dims[m->n_layers]);  \
-        u[0] = (double)k;                                                             \
-        return k;                                                                     \
-    }                                                                                 \
-    return NAME##_head_continuous(m, u);                                              \
-}                                                                                     \
-                                                                                      \
-static int NAME##_forward##SFX(NAME *m, const double *x) {                            \
-    return NAME##SFX##_forward_inline(m, x);                                          \
-}                                                                                     \
-                                                                                      \
-/* The same three entry points for a recurrent policy: each call is one step (the */ \
-/* state advances); -1 when the state was reset (not finite) or an output is not finite. */ \
-static int NAME##_act_rnn##SFX(NAME *m, const double *x, double *u) {                 \
-    if (NAME##SFX##_rnn_body(m, x) < 0) {                                             \
-        if (m->head == MLP_HEAD_ARGMAX) u[0] = -1.0;                                  \
-        return -1;                                                                    \
-    }                                                                                 \
-    if (m->head == MLP_HEAD_ARGMAX) {                                                 \
-        const int k = NAME##SFX##_argmax(m->act[m->n_layers], m->dims[m->n_layers]);  \
-        u[0] = (double)k;                                                             \
-        return k;                                                                     \
-    }                                                                                 \
-    return NAME##_head_continuous(m, u);                                              \
-}                                                                                     \
-MLP_INLINE int NAME##SFX##_forward_rnn_inline(NAME *m, const double *x) {             \
-    if (NAME##SFX##_rnn_body(m, x) < 0) return -1;                                    \
-    return NAME##SFX##_argmax(m->act[m->n_layers], m->dims[m->n_layers]);             \
-}                                                                                     \
-static int NAME##_forward_rnn##SFX(NAME *m, const double *x) {                        \
-    return NAME##SFX##_forward_rnn_inline(m, x);                                      \
-}                                                                                     \
-/* Rows of X as one sequence (state carried from row to row). */                     \
-static void NAME##_forward_batch_rnn##SFX(NAME *m, const double *X, ptrdiff_t n,      \
-                                          ptrdiff_t row_stride, int64_t *out) {       \
-    for (ptrdiff_t r = 0; r < n; r++)                                                 \
-        out[r] = NAME##SFX##_forward_rnn_inline(m, X + r * row_stride);               \
-}                                                                                     \
-                                                                                      \
-/* Rows of X (n, dims[0]) with a row stride in doubles; out receives n argmaxes. */  \
-static void NAME##_forward_batch##SFX(NAME *m, const double *X, ptrdiff_t n,          \
-                                     ptrdiff_t row_stride, int64_t *out) {            \
-    for (ptrdiff_t r = 0; r < n; r++)                                                 \
-        out[r] = NAME##SFX##_forward_inline(m, X + r * row_stride);                   \
-}                                                                                     \
-                                                                                      \
-/* Latency probe: each input row is chosen by the previous answer, so sample k+1 */  \
-/* cannot start before sample k ends. Returns a checksum that keeps it all live. */  \
-static int64_t NAME##_chain##SFX(NAME *m, const double *X, ptrdiff_t n_rows,          \
-                                ptrdiff_t row_stride, ptrdiff_t iters) {              \
-    int64_t sum = 0;                                                                  \
-    ptrdiff_t row = 0;                                                                \
-    for (ptrdiff_t k = 0; k < iters; k++) {                                           \
-        int a = m->forward(m, X + row * row_stride);   /* what the node calls */      \
-        sum += a;                                                                     \
-        row += 1 + a;                                                                 \
-        if (row >= n_rows) row -= n_rows;                                             \
-    }                                                                                 \
-    return sum;                                                                       \
-}
+/* The vector body lives in mlp_body.h (a real file: line numbers in errors, gdb and perf), included once per
+ * (dtype, ISA) by MLP_INSTANCE below. These name its functions and instantiate the macros it uses. */
+#define MLP_CAT_(a, b) a##b
+#define MLP_CAT(a, b) MLP_CAT_(a, b)
+#define MLP_PFX MLP_CAT(NAME, SFX)
+#define MLP_FN(x) MLP_CAT(MLP_PFX, MLP_CAT(_, x))
+#define MLP_ENTRY(x) MLP_CAT(MLP_CAT(NAME, MLP_CAT(_, x)), SFX)
+#define MLP_XVMATH(...) MLP_VMATH(__VA_ARGS__)
+#define MLP_XWEIGHTS(...) MLP_WEIGHTS(__VA_ARGS__)
+#define MLP_XTSUM(B, ...) MLP_CAT(MLP_TSUM_, B)(__VA_ARGS__)
 
 
 /* Small one-hidden-layer policies (the common case: n_features <= 8, hidden <= 32, up to
@@ -527,7 +385,7 @@ static void NAME##_forward_batch##SFX##_s##NIN##_##P1(NAME *m, const double *X, 
 #define MLP_SMALL_CASE(NAME, SFX, NIN, P1)                                            \
     case NIN: m->forward = NAME##_forward##SFX##_s##NIN##_##P1;                       \
               m->forward_batch = NAME##_forward_batch##SFX##_s##NIN##_##P1;           \
-              m->specialised = 1; return 1;
+              m->act_fn = NAME##_act_small; m->specialised = 1; return 1;
 #define MLP_SMALL_SWITCH(NAME, SFX, P1)                                               \
     switch (m->dims[0]) {                                                             \
         MLP_SMALL_CASE(NAME, SFX, 1, P1) MLP_SMALL_CASE(NAME, SFX, 2, P1)             \
@@ -569,9 +427,9 @@ static inline int mlp_small_shape(int n_layers, int n_in, int n_hidden, int n_ou
 #define MLP_SMALL_RULE(m, itemsize) (mlp_small_shape((m)->n_layers, (m)->dims[0], (m)->dims[1], (m)->dims[2], \
                                                     (itemsize)) \
                            && (m)->act_code[0] == MLP_ACT_RELU && (m)->act_code[1] == MLP_ACT_IDENTITY \
-                           && (m)->head == MLP_HEAD_ARGMAX && !(m)->pre && !(m)->rnn)
+                           && (m)->head == MLP_HEAD_ARGMAX && !(m)->pre && !(m)->rnn && !(m)->wkind)
 /* ... and laid out for them: an axpy hidden layer (row-major), a dot head. */
-#define MLP_SMALL_FITS(m) (MLP_SMALL_RULE(m, (int)sizeof(**(m)->W)) && !(m)->dot_form[0] && (m)->dot_form[1] \
+#define MLP_SMALL_FITS(m) (MLP_SMALL_RULE(m, (int)sizeof(*(m)->act[0])) && !(m)->dot_form[0] && (m)->dot_form[1] \
                            && (m)->small_layout)
 
 /* x86 MAXPD/MAXPS return the second operand when either is NaN: max(0, v) keeps NaN. */
@@ -603,6 +461,17 @@ static int NAME##_head_continuous(NAME *m, double *u) {                         
 }
 MLP_HEAD(double, mlp_f64)
 MLP_HEAD(float, mlp_f32)
+
+/* act() of a policy a small kernel computes (argmax only: MLP_SMALL_RULE): through that kernel, whose layout
+ * is its own; the generic act would read the small (row-major) layout as panels and answer garbage. */
+#define MLP_ACT_SMALL(NAME)                                                           \
+static int NAME##_act_small(NAME *m, const double *x, double *u) {                    \
+    const int k = m->forward(m, x);                                                   \
+    u[0] = (double)k;                                                                 \
+    return k;                                                                         \
+}
+MLP_ACT_SMALL(mlp_f64)
+MLP_ACT_SMALL(mlp_f32)
 
 /* Zero the recurrent state (h, and c for an LSTM); nothing for a feed-forward policy. */
 #define MLP_RESET(T, NAME)                                                            \
@@ -655,12 +524,34 @@ typedef int32_t mlp_v8i __attribute__((vector_size(32)));
 #define MLP_RELU_V4D(v) ((mlp_v4d)((mlp_v4l)(v) & ~(mlp_v4l)((v) < 0)))
 #define MLP_RELU_V8F(v) ((mlp_v8f)((mlp_v8i)(v) & ~(mlp_v8i)((v) < 0)))
 #endif
-MLP_KERNELS(double, mlp_v4d, mlp_v4l, mlp_f64, 4, _one, MLP_RELU_V4D)
-MLP_KERNELS(float, mlp_v8f, mlp_v8i, mlp_f32, 8, _one, MLP_RELU_V8F)
+MLP_LD_SCALAR(double, mlp_v4d, mlp_ld_f64_one)
+MLP_LD_SCALAR(float, mlp_v8f, mlp_ld_f32_one)
+#define T double
+#define VT mlp_v4d
+#define VI mlp_v4l
+#define NAME mlp_f64
+#define BLK 4
+#define SFX _one
+#define RELU MLP_RELU_V4D
+#define LDP mlp_ld_f64_one
+#include "mlp_body.h"
+#define T float
+#define VT mlp_v8f
+#define VI mlp_v8i
+#define NAME mlp_f32
+#define BLK 8
+#define SFX _one
+#define RELU MLP_RELU_V8F
+#define LDP mlp_ld_f32_one
+#include "mlp_body.h"
 MLP_SMALL_ALL(mlp_v4d, mlp_v8f, 4, 8, _one)
 MLP_STREAM_READ(mlp_v8f, _one)
 static float mlp_stream_read(const float *p, size_t n) { return mlp_stream_read_one(p, n); }
 #define MLP_PICK(NAME, m) do { MLP_SET(NAME, m, _one, mlp_isa()); if (MLP_SMALL_FITS(m)) NAME##_pick_small_one(m); } while (0)
+/* One copy only: a named copy cannot be chosen. */
+static const char *mlp_isa_missing(int want) {
+    return want == MLP_ISA_AUTO ? NULL : "a portable build (this one has a single -march=native / generic copy)";
+}
 static const char *mlp_isa(void) {
 #if defined(MLP_NATIVE)
     return "native";
@@ -676,8 +567,54 @@ typedef float mlp_v4f __attribute__((vector_size(16)));
 typedef int32_t mlp_v4i __attribute__((vector_size(16)));
 #define MLP_RELU_MAXPD(v) __builtin_ia32_maxpd((mlp_v2d){0}, (v))
 #define MLP_RELU_MAXPS(v) __builtin_ia32_maxps((mlp_v4f){0}, (v))
-MLP_KERNELS(double, mlp_v2d, mlp_v2l, mlp_f64, 2, _sse2, MLP_RELU_MAXPD)
-MLP_KERNELS(float, mlp_v4f, mlp_v4i, mlp_f32, 4, _sse2, MLP_RELU_MAXPS)
+/* SSE2 weight loaders (the portable copy: no F16C): f16 by integer arithmetic (mlp_half_to_float's), */
+/* bf16 by interleaving zeros below it, int8 sign-extended by duplicating bytes and an arithmetic shift. */
+static inline uint32_t mlp_ld4(const void *p) { uint32_t v; memcpy(&v, p, 4); return v; }
+static inline uint16_t mlp_ld2(const void *p) { uint16_t v; memcpy(&v, p, 2); return v; }
+MLP_INLINE __m128 mlp_sse2_h4(__m128i u) {           /* u: 4 halves in the low 16 bits of 32-bit lanes */
+    const __m128i em = _mm_slli_epi32(_mm_and_si128(u, _mm_set1_epi32(0x7fff)), 13);
+    const __m128i sg = _mm_slli_epi32(_mm_and_si128(u, _mm_set1_epi32(0x8000)), 16);
+    const __m128 f = _mm_mul_ps(_mm_castsi128_ps(em), _mm_set1_ps(0x1p112f));
+    return _mm_or_ps(f, _mm_castsi128_ps(sg));
+}
+MLP_INLINE __m128i mlp_sse2_i8x4(uint32_t b) {      /* 4 int8 -> 4 int32 */
+    __m128i v = _mm_cvtsi32_si128((int)b);
+    v = _mm_unpacklo_epi8(v, v);
+    v = _mm_unpacklo_epi16(v, v);
+    return _mm_srai_epi32(v, 24);
+}
+MLP_INLINE mlp_v4f mlp_ld_f32_sse2_h(const uint16_t *p) {
+    return (mlp_v4f)mlp_sse2_h4(_mm_unpacklo_epi16(_mm_loadl_epi64((const __m128i *)p), _mm_setzero_si128())); }
+MLP_INLINE mlp_v4f mlp_ld_f32_sse2_bh(const uint16_t *p) {
+    return (mlp_v4f)_mm_castsi128_ps(_mm_unpacklo_epi16(_mm_setzero_si128(), _mm_loadl_epi64((const __m128i *)p))); }
+MLP_INLINE mlp_v4f mlp_ld_f32_sse2_q(const int8_t *p) { return (mlp_v4f)_mm_cvtepi32_ps(mlp_sse2_i8x4(mlp_ld4(p))); }
+MLP_INLINE mlp_v4f mlp_ld_f32_sse2_s(const float *p) { return (mlp_v4f)_mm_loadu_ps(p); }
+MLP_INLINE mlp_v2d mlp_ld_f64_sse2_h(const uint16_t *p) {
+    return (mlp_v2d)_mm_cvtps_pd(mlp_sse2_h4(_mm_unpacklo_epi16(_mm_cvtsi32_si128((int)mlp_ld4(p)), _mm_setzero_si128()))); }
+MLP_INLINE mlp_v2d mlp_ld_f64_sse2_bh(const uint16_t *p) {
+    return (mlp_v2d)_mm_cvtps_pd(_mm_castsi128_ps(_mm_unpacklo_epi16(_mm_setzero_si128(),
+                                                                     _mm_cvtsi32_si128((int)mlp_ld4(p))))); }
+MLP_INLINE mlp_v2d mlp_ld_f64_sse2_q(const int8_t *p) { return (mlp_v2d)_mm_cvtepi32_pd(mlp_sse2_i8x4(mlp_ld2(p))); }
+MLP_INLINE mlp_v2d mlp_ld_f64_sse2_s(const float *p) {
+    return (mlp_v2d)_mm_cvtps_pd(_mm_castsi128_ps(_mm_loadl_epi64((const __m128i *)p))); }
+#define T double
+#define VT mlp_v2d
+#define VI mlp_v2l
+#define NAME mlp_f64
+#define BLK 2
+#define SFX _sse2
+#define RELU MLP_RELU_MAXPD
+#define LDP mlp_ld_f64_sse2
+#include "mlp_body.h"
+#define T float
+#define VT mlp_v4f
+#define VI mlp_v4i
+#define NAME mlp_f32
+#define BLK 4
+#define SFX _sse2
+#define RELU MLP_RELU_MAXPS
+#define LDP mlp_ld_f32_sse2
+#include "mlp_body.h"
 MLP_SMALL_ALL(mlp_v2d, mlp_v4f, 2, 4, _sse2)
 MLP_STREAM_READ(mlp_v4f, _sse2)
 
@@ -691,8 +628,38 @@ typedef double mlp_v4d __attribute__((vector_size(32)));
 typedef int64_t mlp_v4l __attribute__((vector_size(32)));
 typedef float mlp_v8f __attribute__((vector_size(32)));
 typedef int32_t mlp_v8i __attribute__((vector_size(32)));
-MLP_KERNELS(double, mlp_v4d, mlp_v4l, mlp_f64, 4, _avx2, MLP_RELU_MAXPD256)
-MLP_KERNELS(float, mlp_v8f, mlp_v8i, mlp_f32, 8, _avx2, MLP_RELU_MAXPS256)
+/* AVX2 + F16C weight loaders: VCVTPH2PS; bf16 zero-extended and shifted into place; int8 VPMOVSXBD + convert */
+MLP_INLINE mlp_v8f mlp_ld_f32_avx2_h(const uint16_t *p) { return (mlp_v8f)_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
+MLP_INLINE mlp_v8f mlp_ld_f32_avx2_bh(const uint16_t *p) {
+    return (mlp_v8f)_mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16)); }
+MLP_INLINE mlp_v8f mlp_ld_f32_avx2_q(const int8_t *p) {
+    return (mlp_v8f)_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p))); }
+MLP_INLINE mlp_v8f mlp_ld_f32_avx2_s(const float *p) { return (mlp_v8f)_mm256_loadu_ps(p); }
+MLP_INLINE mlp_v4d mlp_ld_f64_avx2_h(const uint16_t *p) {
+    return (mlp_v4d)_mm256_cvtps_pd(_mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)p))); }
+MLP_INLINE mlp_v4d mlp_ld_f64_avx2_bh(const uint16_t *p) {
+    return (mlp_v4d)_mm256_cvtps_pd(_mm_castsi128_ps(_mm_slli_epi32(_mm_cvtepu16_epi32(_mm_loadl_epi64((const __m128i *)p)), 16))); }
+MLP_INLINE mlp_v4d mlp_ld_f64_avx2_q(const int8_t *p) {
+    return (mlp_v4d)_mm256_cvtepi32_pd(_mm_cvtepi8_epi32(_mm_cvtsi32_si128((int)mlp_ld4(p)))); }
+MLP_INLINE mlp_v4d mlp_ld_f64_avx2_s(const float *p) { return (mlp_v4d)_mm256_cvtps_pd(_mm_loadu_ps(p)); }
+#define T double
+#define VT mlp_v4d
+#define VI mlp_v4l
+#define NAME mlp_f64
+#define BLK 4
+#define SFX _avx2
+#define RELU MLP_RELU_MAXPD256
+#define LDP mlp_ld_f64_avx2
+#include "mlp_body.h"
+#define T float
+#define VT mlp_v8f
+#define VI mlp_v8i
+#define NAME mlp_f32
+#define BLK 8
+#define SFX _avx2
+#define RELU MLP_RELU_MAXPS256
+#define LDP mlp_ld_f32_avx2
+#include "mlp_body.h"
 MLP_SMALL_ALL(mlp_v4d, mlp_v8f, 4, 8, _avx2)
 MLP_STREAM_READ(mlp_v8f, _avx2)
 #if defined(__clang__)
@@ -716,8 +683,40 @@ typedef int32_t mlp_v16i __attribute__((vector_size(64)));
 /* max(0, v) by mask: v < 0 clears the lane, a NaN compares false and stays */
 #define MLP_RELU_V8D(v) ((mlp_v8d)((mlp_v8l)(v) & ~(mlp_v8l)((v) < 0)))
 #define MLP_RELU_V16F(v) ((mlp_v16f)((mlp_v16i)(v) & ~(mlp_v16i)((v) < 0)))
-MLP_KERNELS(double, mlp_v8d, mlp_v8l, mlp_f64, 8, _avx512, MLP_RELU_V8D)
-MLP_KERNELS(float, mlp_v16f, mlp_v16i, mlp_f32, 16, _avx512, MLP_RELU_V16F)
+/* AVX-512 weight loaders: VCVTPH2PS zmm; bf16 by shift (exact: VDPBF16PS is not used, it would round the */
+/* activations to bf16 too, which this storage promises not to do); int8 VPMOVSXBD + VCVTDQ2PS. */
+MLP_INLINE mlp_v16f mlp_ld_f32_avx512_h(const uint16_t *p) {
+    return (mlp_v16f)_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
+MLP_INLINE mlp_v16f mlp_ld_f32_avx512_bh(const uint16_t *p) {
+    return (mlp_v16f)_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16)); }
+MLP_INLINE mlp_v16f mlp_ld_f32_avx512_q(const int8_t *p) {
+    return (mlp_v16f)_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p))); }
+MLP_INLINE mlp_v16f mlp_ld_f32_avx512_s(const float *p) { return (mlp_v16f)_mm512_loadu_ps(p); }
+MLP_INLINE mlp_v8d mlp_ld_f64_avx512_h(const uint16_t *p) {
+    return (mlp_v8d)_mm512_cvtps_pd(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p))); }
+MLP_INLINE mlp_v8d mlp_ld_f64_avx512_bh(const uint16_t *p) {
+    return (mlp_v8d)_mm512_cvtps_pd(_mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16))); }
+MLP_INLINE mlp_v8d mlp_ld_f64_avx512_q(const int8_t *p) {
+    return (mlp_v8d)_mm512_cvtepi32_pd(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p))); }
+MLP_INLINE mlp_v8d mlp_ld_f64_avx512_s(const float *p) { return (mlp_v8d)_mm512_cvtps_pd(_mm256_loadu_ps(p)); }
+#define T double
+#define VT mlp_v8d
+#define VI mlp_v8l
+#define NAME mlp_f64
+#define BLK 8
+#define SFX _avx512
+#define RELU MLP_RELU_V8D
+#define LDP mlp_ld_f64_avx512
+#include "mlp_body.h"
+#define T float
+#define VT mlp_v16f
+#define VI mlp_v16i
+#define NAME mlp_f32
+#define BLK 16
+#define SFX _avx512
+#define RELU MLP_RELU_V16F
+#define LDP mlp_ld_f32_avx512
+#include "mlp_body.h"
 MLP_STREAM_READ(mlp_v16f, _avx512)
 #if defined(__clang__)
 #pragma clang attribute pop
@@ -744,13 +743,33 @@ static int mlp_has_avx512(void) {
         && __builtin_cpu_supports("avx512vl");
 }
 /* The small compile-time-shaped kernels are AVX2 (their registers hold 32-byte rows); */
-/* everything else takes the widest vectors the CPU has. */
+/* everything else takes the widest vectors the CPU has, or the copy m->isa_want names (the caller has */
+/* asked mlp_isa_missing() first; a forced AVX-512 copy is laid out for the generic kernels). */
 #define MLP_PICK(NAME, m) do {                                                        \
-    if (mlp_has_avx2() && MLP_SMALL_FITS(m)) { MLP_SET(NAME, m, _avx2, "avx2+fma"); NAME##_pick_small_avx2(m); } \
-    else if (mlp_has_avx512()) MLP_SET(NAME, m, _avx512, "avx512");                             \
-    else if (mlp_has_avx2()) MLP_SET(NAME, m, _avx2, "avx2+fma");                                 \
+    const int w_ = (m)->isa_want;                                                     \
+    const int a2_ = w_ == MLP_ISA_AVX2 || (w_ == MLP_ISA_AUTO && mlp_has_avx2());     \
+    const int a5_ = w_ == MLP_ISA_AVX512 || (w_ == MLP_ISA_AUTO && mlp_has_avx512()); \
+    if (a2_ && MLP_SMALL_FITS(m)) { MLP_SET(NAME, m, _avx2, "avx2+fma"); NAME##_pick_small_avx2(m); } \
+    else if (a5_) MLP_SET(NAME, m, _avx512, "avx512");                                \
+    else if (a2_) MLP_SET(NAME, m, _avx2, "avx2+fma");                                \
     else { MLP_SET(NAME, m, _sse2, "sse2"); if (MLP_SMALL_FITS(m)) NAME##_pick_small_sse2(m); } \
 } while (0)
+/* NULL when this CPU runs the copy `want` (MLP_ISA_*), else the first CPU feature it lacks. */
+static const char *mlp_isa_missing(int want) {
+    __builtin_cpu_init();
+    if (want == MLP_ISA_AVX2 || want == MLP_ISA_AVX512) {
+        if (!__builtin_cpu_supports("avx2")) return "avx2";
+        if (!__builtin_cpu_supports("fma")) return "fma";
+        if (!__builtin_cpu_supports("x86-64-v3")) return "f16c (x86-64-v3)";
+    }
+    if (want == MLP_ISA_AVX512) {
+        if (!__builtin_cpu_supports("avx512f")) return "avx512f";
+        if (!__builtin_cpu_supports("avx512dq")) return "avx512dq";
+        if (!__builtin_cpu_supports("avx512bw")) return "avx512bw";
+        if (!__builtin_cpu_supports("avx512vl")) return "avx512vl";
+    }
+    return NULL;
+}
 static const char *mlp_isa(void) {
     return mlp_has_avx512() ? "avx512" : mlp_has_avx2() ? "avx2+fma" : "sse2";
 }

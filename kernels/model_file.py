@@ -65,6 +65,12 @@ train_accuracy      float64 ()               may be NaN when unknown
 test_accuracy       float64 ()               may be NaN when unknown
 trainer             str ()                   ``"numpy"``, ``"sklearn"``, ``"onnx"``, ``"torchscript"`` ...
 sha256              str ()                   content hash, see :func:`content_hash`
+weights             str ()                   optional: weight storage ``f16`` / ``bf16`` / ``int8``
+                                             (kernels/weights.py; absent: ``f32``, the exact model dtype).
+                                             The file keeps the full-precision weights; the kernel stores
+                                             them narrower at load. In the hash when not f32.
+weights_error       str ()                   optional: JSON, the error measured against the float32 policy
+                                             at import (kernels.weights.measure_error)
 ==================  =======================  ==========================================
 """
 from __future__ import annotations
@@ -146,9 +152,12 @@ class ModelSpec:
     rnn_W_hh: np.ndarray | None = None
     rnn_b_ih: np.ndarray | None = None
     rnn_b_hh: np.ndarray | None = None
+    weights: str = "f32"
+    weights_error: dict | None = None
 
     def __post_init__(self):
         dt = np.dtype(self.dtype)
+        self.weights = str(self.weights or "f32").lower()
         self.layers = [(np.ascontiguousarray(W, dtype=dt), np.ascontiguousarray(b, dtype=dt))
                        for W, b in self.layers]
         if self.recurrent is not None:
@@ -266,6 +275,8 @@ def content_hash(spec: ModelSpec) -> str:
             a = getattr(spec, key)
             h.update(f"{key}{list(np.shape(a))};".encode())
             h.update(np.ascontiguousarray(a).tobytes())
+    if spec.weights != "f32":       # narrower storage changes the answers (f32 files keep their hash)
+        h.update(f"weights;{spec.weights};".encode())
     return h.hexdigest()
 
 
@@ -295,6 +306,9 @@ def save_model(spec: ModelSpec, path) -> str:
         "trainer": np.str_(spec.trainer),
         "sha256": np.str_(spec.sha256),
     }
+    if spec.weights != "f32":
+        arrays["weights"] = np.str_(spec.weights)
+        arrays["weights_error"] = np.str_(json.dumps(spec.weights_error or {}, sort_keys=True))
     if spec.check_X is not None:
         arrays["check_X"] = np.ascontiguousarray(spec.check_X, dtype=np.float64)
     for i, (W, b) in enumerate(spec.layers):
@@ -401,6 +415,16 @@ def load_model(path) -> ModelSpec:
             extra["source"] = json.loads(str(data.get("source", "{}")))
         except ValueError as e:
             raise ModelFileError(path, "source", f"is not JSON ({e})", "re-export the model") from None
+    if "weights" in data:
+        from control_node.kernels.weights import STORAGE
+        w = data["weights"]
+        if w.dtype.kind != "U" or w.ndim != 0 or str(w) not in STORAGE:
+            raise ModelFileError(path, "weights", f"is {w!r}", f"one of {', '.join(STORAGE)}")
+        extra["weights"] = str(w)
+        try:
+            extra["weights_error"] = json.loads(str(data.get("weights_error", "{}"))) or None
+        except ValueError as e:
+            raise ModelFileError(path, "weights_error", f"is not JSON ({e})", "re-import the model") from None
     spec = ModelSpec(
         layers=layers,
         mean=_numeric(data, path, "mean"),
@@ -464,6 +488,9 @@ def validate_spec(spec: ModelSpec, path="(in memory)") -> None:
     """Shape, finiteness and range checks shared by save and load."""
     if not spec.layers:
         raise ModelFileError(path, "layer_sizes", "no dense layer", "give at least one dense layer")
+    from control_node.kernels.weights import STORAGE
+    if spec.weights not in STORAGE:
+        raise ModelFileError(path, "weights", f"is {spec.weights!r}", f"one of {', '.join(STORAGE)}")
     _validate_recurrent(spec, path)
     n_features = spec.n_features
     for i, (W, b) in enumerate(spec.layers):

@@ -230,6 +230,13 @@ def random_inputs(spec, n, seed=0) -> np.ndarray:
 RNN_SEQUENCES, RNN_STEPS, RNN_CHUNK = 3, 200, 300
 
 
+def _as_stored(policy, spec):
+    """The spec the kernel computes: its weights as the policy stores them (kernels.weights.effective_spec),
+    so a narrow storage is checked against the reference as tightly as float32 is."""
+    from control_node.kernels.weights import effective_spec
+    return effective_spec(spec, getattr(policy, "weights", None))
+
+
 def check_consistency(policy, spec, X=None, n_random=None, seed=0) -> dict:
     """Compare the kernel with the reference on the check samples and on random inputs.
 
@@ -244,6 +251,7 @@ def check_consistency(policy, spec, X=None, n_random=None, seed=0) -> dict:
     if getattr(spec, "recurrent", None):
         return check_sequences(policy, spec, X=X, n_random=RNN_SEQUENCES * RNN_STEPS if n_random is None
                                else n_random, seed=seed)
+    spec = _as_stored(policy, spec)
     if n_random is None:
         n_random = 2000
     parts = []
@@ -301,6 +309,7 @@ def check_sequences(policy, spec, X=None, n_random=RNN_SEQUENCES * RNN_STEPS, se
     (a step without an action: state or outputs not finite) exactly. Raises :class:`ConsistencyError` naming
     the sequence and the first differing step; leaves the policy reset.
     """
+    spec = _as_stored(policy, spec)
     seqs = []
     given = X if X is not None else spec.check_X
     name = "given" if X is not None else "check_X"

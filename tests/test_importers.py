@@ -781,3 +781,39 @@ def test_cli_refusal_exits_2_and_writes_nothing(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "control-node import: error: cannot import conv.onnx: node 'erf0' (Erf)" in err
     assert not out.exists()
+
+
+# -- weight storage (issue #24) ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("weights", ["f16", "int8"])
+def test_cli_import_with_narrow_weights_records_the_error(tmp_path, capsys, weights):
+    """--weights: the file keeps the storage and its error measured over the proof (edge samples included);
+    Policy.load runs it as stored and says so."""
+    pytest.importorskip("onnxruntime")
+    from control_node.cli import main
+    from control_node.kernels import Policy
+    path = _meta_graph(tmp_path, {"joint_names": "a,b,c"})
+    out = tmp_path / "m.npz"
+    assert main(["import", path, "--out", str(out), "--n-random", "200", "--weights", weights,
+                 "--tolerance", "0.5"]) == 0
+    text = capsys.readouterr().out
+    assert f"weights       {weights}: max |error|" in text and f"{weights} weights)" in text
+    spec = load_model(out)
+    err = spec.weights_error
+    assert spec.weights == weights and err["storage"] == weights and err["tolerance"] == 0.5
+    assert err["samples"] > 200          # the proof's rows plus its edge samples
+    assert 0 < err["p99_abs"] <= err["max_abs"] and 0 < err["max_rel"] <= 0.5
+    p = Policy.load(out)
+    assert p.weights == weights and p.weights_error["max_abs"] == err["max_abs"]
+
+
+def test_cli_import_too_tight_tolerance_refuses_naming_action_and_observation(tmp_path, capsys):
+    from control_node.cli import main
+    path = _meta_graph(tmp_path, {"joint_names": "a,b,c"})
+    out = tmp_path / "m.npz"
+    assert main(["import", path, "--out", str(out), "--n-random", "100", "--weights", "int8",
+                 "--tolerance", "1e-9"]) == 2
+    err = capsys.readouterr().err
+    assert "cannot import" in err and "--weights int8: int8 weights are off by" in err
+    assert "above the tolerance 1e-09" in err and "worst on action" in err and "at observation row" in err
+    assert "x = [" in err and len(err.strip().splitlines()) == 1
+    assert not out.exists()

@@ -309,23 +309,33 @@ def test_small_shape_kernels_cover_their_range_and_match_reference(dtype):
 
 
 def test_baseline_sse2_copy_matches_reference():
-    """The SSE2 copy (old CPUs) is forced with CONTROL_NODE_ISA=sse2 and checked like the AVX2 one."""
-    import subprocess
-    import sys
-    code = (
-        "import numpy as np\n"
-        "from control_node.kernels import Policy, check_consistency\n"
-        "from conftest import random_spec\n"
-        "for sizes in ([4, 16, 3], [4, 13, 3], [7, 32, 5], [8, 9, 8], [3, 70, 9], [12, 200, 3], [4, 16, 16, 3]):\n"
-        "    for dtype in ('float64', 'float32'):\n"
-        "        spec = random_spec(sizes, dtype=dtype, seed=len(sizes))\n"
-        "        p = Policy(spec)\n"
-        "        assert p.isa == 'sse2', p.isa\n"
-        "        check_consistency(p, spec, n_random=500)\n"
-        "        print(sizes, dtype, p.kernel, 'ok')\n")
-    env = dict(os.environ, CONTROL_NODE_ISA="sse2")
-    r = subprocess.run([sys.executable, "-c", code], cwd=os.path.dirname(__file__), env=env,
-                       capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stderr
-    assert r.stdout.count(" ok") == 14
-    assert "specialised" in r.stdout and "generic" in r.stdout     # both kinds of kernel were exercised
+    """The SSE2 copy (old CPUs), selected with Policy(spec, isa="sse2") in-process, checked like the AVX2 one:
+    the small compile-time-shaped kernels and the generic ones, both dtypes."""
+    from conftest import random_spec
+    seen = set()
+    for sizes in ([4, 16, 3], [4, 13, 3], [7, 32, 5], [8, 9, 8], [3, 70, 9], [12, 200, 3], [4, 16, 16, 3]):
+        for dtype in ("float64", "float32"):
+            spec = random_spec(sizes, dtype=dtype, seed=len(sizes))
+            p = Policy(spec, isa="sse2")
+            assert p.isa == "sse2", p.isa
+            check_consistency(p, spec, n_random=500)
+            seen.add(p.kernel)
+    assert seen == {"specialised", "generic"}     # both kinds of kernel were exercised
+
+
+
+
+def test_act_of_a_specialised_argmax_policy_agrees_with_predict():
+    """act() (the node's act_ptr) of a policy a small compile-time-shaped kernel computes runs that kernel: the
+    generic act read the small layout as panels and answered another class far from the mean (found measuring
+    iris weights at the proof's edge samples)."""
+    from control_node.kernels.importers.proof import edge_samples
+    from control_node.train.iris import train_iris
+    spec = train_iris()
+    X = np.concatenate([random_inputs(spec, 500, seed=1), edge_samples(spec)[0]])
+    for isa in ("sse2", "avx2", None):
+        p = Policy(spec, isa=isa)
+        assert p.kernel == "specialised"
+        want = p.predict_batch(X)
+        got = np.array([p.act(np.ascontiguousarray(x))[0] for x in X])
+        assert np.array_equal(got, want), np.flatnonzero(got != want)[:5]

@@ -71,9 +71,13 @@ def spec_from_sklearn(clf, check_X, feature_names=None, dtype="float64", mean=No
                      dtype=dtype, check_X=check_X, trainer="sklearn")
 
 
-def export_verified(spec, out):
+def export_verified(spec, out, weights="f32", tolerance=None):
     """Verify the compiled kernel against the reference, then write the file."""
     from control_node.kernels import Policy
+    from control_node.kernels.importers.proof import store_weights
+    # weights: f16 / bf16 / int8 storage, its error against float32 measured and kept (kernels/weights.py)
+    spec = store_weights(spec, weights, tolerance=tolerance, policy_class=Policy, file=str(out))
     report = check_consistency(Policy(spec), spec)
     save_model(spec, out)
+    report["spec"] = spec
     return report

@@ -108,9 +108,13 @@ def evaluate(spec, starts=(np.pi, 2.0, -2.5, 0.3), control_every=20, dt=0.001, d
     return out
 
 
-def export_verified(spec, path):
+def export_verified(spec, path, weights="f32", tolerance=None):
     """Prove the kernel against the reference, write the model file; returns the proof's counts."""
     from control_node.kernels import Policy
+    from control_node.kernels.importers.proof import store_weights
+    # weights: f16 / bf16 / int8 storage, its error against float32 measured and kept (kernels/weights.py)
+    spec = store_weights(spec, weights, tolerance=tolerance, policy_class=Policy, file=str(path))
     report = check_consistency(Policy(spec), spec)
     save_model(spec, path)
+    report["spec"] = spec
     return report

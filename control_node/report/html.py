@@ -68,6 +68,7 @@ def run_html(rs: dict, pngs: dict) -> str:
             *([["policy rate", _h(policy_rate_line(n["policy_rate"]))]] if n.get("policy_rate") else []),
             *([["phase lock", _h(phase_lock_line(n["phase_lock"]))]] if phase_lock_line(n.get("phase_lock"))
               else []),
+            *([["policy weights", _h(n["weights"])]] if n.get("weights") else []),
             *([["policy input", _h(f"history {n['history']['frames']} x {n['history']['frame_width']} features, "
                                    f"{n['history']['order']}")]]
               if (n.get("history") or {}).get("frames", 1) > 1 else []),

@@ -182,6 +182,8 @@ def run_summary(run: Run) -> dict:
             # loop rate vs policy rate, and an inference tick's cost against a hold tick's (None: older runs)
             "policy_rate": s.get("policy_rate"), "history": (s.get("policy") or {}).get("history"),
             "phase_lock": s.get("phase_lock"),
+            # weight storage and its measured error (issue #24; older runs: f32, nothing measured)
+            "weights": weights_line(s.get("policy") or {}),
             # policies switched, shadowed, rolled back while the loop ran (None: older runs)
             "lifecycle": s.get("lifecycle"),
             # each miss and the worst wake-ups with a cause, from evidence about the loop's core (None: older)
@@ -195,6 +197,19 @@ def run_summary(run: Run) -> dict:
                       "policy": s.get("policy", "argmax"),
                       "stats": sim_stats(run.sim)}
     return out
+
+
+def weights_line(policy: dict) -> str:
+    """What the run's weights were (summary.json ``policy.weights`` / ``weights_error``, the fields of
+    kernels.weights.measure_error): 'f32 (exact)', or the storage with the error measured at import."""
+    w, e = policy.get("weights", "f32"), policy.get("weights_error") or {}
+    if w == "f32":
+        return "f32 (exact)"
+    if not e:
+        return f"{w} (no error recorded)"
+    return (f"{w}: max |error| {e['max_abs']:.3g} (p99 {e['p99_abs']:.3g}) = {e['max_rel']:.3g} of the "
+            f"{'action' if e.get('measured_on') == 'actions' else 'logit'} range (tolerance {e['tolerance']:g}) "
+            f"over {e['samples']} observations")
 
 
 def all_stats(rs: dict) -> dict:

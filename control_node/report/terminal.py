@@ -27,6 +27,8 @@ def print_terminal(summaries: list[dict], console=None) -> None:
                 console.print(policy_rate_line(n["policy_rate"]))
             if phase_lock_line(n.get("phase_lock")):
                 console.print(phase_lock_line(n["phase_lock"]))
+            if n.get("weights"):
+                console.print(f"policy weights: {n['weights']}")
             hi = n.get("history")
             if hi and hi.get("frames", 1) > 1:
                 console.print(f"policy input: history of {hi['frames']} frames x {hi['frame_width']} features, "

@@ -23,7 +23,14 @@ external data shorter than its tensors is refused before it is read.
 
 Before writing, the import is proved: the model's actions are compared with onnxruntime (1 thread) or
 torch (1 thread) on --check-obs rows and 2000 random observations (float32: rtol 2e-4 x max(1, |a|)
-per sample; float64: 1e-9), and the compiled kernel is checked against the numpy reference on them."""
+per sample; float64: 1e-9), and the compiled kernel is checked against the numpy reference on them.
+
+--weights f16|bf16|int8 stores the weight matrices narrower (observations, activations, state and sums stay in
+the model dtype; int8: per-output-channel symmetric, float32 scales). The error against the float32 policy is
+measured over the proof's observations and edge samples (max and p99 |action error|, and relative to each
+action's range), written into the model file and shown by `policy status`; above --tolerance (default 1e-3 of
+the action range for f16 / bf16, 1e-2 for int8) the import is refused naming the worst action and observation.
+f32 (the default) keeps the model dtype: exact."""
 
 
 def register(sub):
@@ -40,7 +47,18 @@ def register(sub):
                    help="raw observations (n, n_features) the proof must include (e.g. logged from the robot)")
     p.add_argument("--n-random", type=int, default=2000, metavar="N",
                    help="random observations in the proof besides --check-obs (default: %(default)s)")
+    add_weights_args(p)
     return p
+
+
+def add_weights_args(p):
+    """--weights and --tolerance, shared by import and train."""
+    p.add_argument("--weights", choices=["f32", "f16", "bf16", "int8"], default="f32",
+                   help="weight storage: f32 = the model dtype, exact (default); f16 / bf16 halve the weight bytes, "
+                        "int8 quarters them (per-output-channel scales); the measured error is kept in the file")
+    p.add_argument("--tolerance", type=float, default=None, metavar="X",
+                   help="largest accepted |action error| vs the float32 policy, as a fraction of the action's range "
+                        "(default: 1e-3 for f16 / bf16, 1e-2 for int8)")
 
 
 def _raw_formatter():
@@ -66,6 +84,8 @@ def run(args):
                             "np.save(path, X) for X shaped (n, n_features)") from None
     if args.n_random < 0:
         raise UserError(f"--n-random {args.n_random}: must be >= 0")
+    if args.tolerance is not None and not args.tolerance > 0:
+        raise UserError(f"--tolerance {args.tolerance}: must be > 0 (a fraction of the action's range, e.g. 1e-3)")
     if os.path.splitext(args.file)[1].lower() == ".onnx":
         try:        # a broken graph's refusal is one line: onnxruntime's own log lines would add to it
             import onnxruntime
@@ -75,11 +95,12 @@ def run(args):
     # no tensor read from the file may be larger than the node's policy memory bound (max_resident_bytes)
     max_bytes = int(defaults()["lifecycle"]["max_resident_mb"] * (1 << 20))
     spec, proof = import_policy(args.file, obs_norm=args.obs_norm, dtype=args.dtype, check_X=check_X,
-                                n_random=args.n_random, kernel=Policy, max_bytes=max_bytes)
+                                n_random=args.n_random, kernel=Policy, max_bytes=max_bytes, weights=args.weights,
+                                tolerance=args.tolerance)
     out = args.out or os.path.splitext(args.file)[0] + ".npz"
     if os.path.abspath(out) == os.path.abspath(args.file):
         raise UserError(f"--out {out} would overwrite the policy file; pass another path")
     print(describe(spec, proof))
     save_model(spec, out)
-    print(f"wrote {out} (sha256 {spec.sha256[:16]}, {len(spec.check_X)} check observations)")
+    print(f"wrote {out} (sha256 {spec.sha256[:16]}, {len(spec.check_X)} check observations, {spec.weights} weights)")
     return 0

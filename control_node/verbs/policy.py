@@ -54,9 +54,12 @@ def _print_status(st):
               + (f"; distance p50 {dist['p50']:.3g} p99 {dist['p99']:.3g} max {dist['max']:.3g}" if dist else ""))
     print(f"resident {len(st['policies'])}/{st['max_policies']} policies, "
           f"{st['resident_bytes'] / 2**20:.2f} of {st['max_resident_bytes'] / 2**20:g} MB:")
+    from control_node.kernels.weights import describe
     for r in st["policies"]:
         print(f"  {r['name']:<16} {r['role']:<8} {r['kind']:<10} {' -> '.join(map(str, r['layers']))} "
               f"{r['dtype']}{' ' + r['recurrent'] if r['recurrent'] else ''}  sha256 {r['sha256'][:12]}  {r['path']}")
+        print(f"  {'':<16} weights {describe(r.get('weights_error')) if r.get('weights', 'f32') != 'f32' else 'f32 (exact)'}"
+              f", {r['nbytes'] / 1024:.0f} KiB resident")
     print(f"transitions ({st['transition_count']}, last {len(st['transitions'])}):")
     for e in st["transitions"]:
         print(f"  cycle {e['cycle']:>9}  {e['event']:<13} {e['policy'] or '-':<16} "

@@ -29,6 +29,8 @@ def register(sub):
     t.add_argument("--from-sklearn", metavar="FILE",
                    help="export an existing fitted MLPClassifier (joblib/pickle file) instead of training; "
                         "it must take raw iris-shaped inputs (4 features)")
+    from control_node.verbs.importer import add_weights_args
+    add_weights_args(t)
     return t
 
 
@@ -64,8 +66,20 @@ def run(args):
                           epochs=args.epochs)
         print(f"trained {spec.trainer} MLP {' -> '.join(map(str, spec.layer_sizes))} ({spec.dtype}, seed {args.seed})")
         print(f"train accuracy {spec.train_accuracy:.4f}   test accuracy {spec.test_accuracy:.4f}")
-    report = export_verified(spec, out)
+    return _export(export_verified, spec, out, args)
+
+
+def _export(export_verified, spec, out, args):
+    """Prove the kernel, store the weights as --weights asks (error measured), write the model file."""
+    from control_node.errors import UserError
+    from control_node.kernels.weights import WeightStorageError, describe
+    try:
+        report = export_verified(spec, out, weights=args.weights, tolerance=args.tolerance)
+    except WeightStorageError as e:
+        raise UserError(f"--weights {args.weights}: {e}") from None
+    spec = report["spec"]
     print(f"kernel matches numpy reference on {report['checked']} samples (rtol {report['rtol']:g})")
+    print(f"weights {describe(spec.weights_error)}")
     print(f"wrote {out} (sha256 {spec.sha256[:16]})")
     return 0
 
@@ -79,18 +93,15 @@ def _pendulum(args, out):
     spec = train_pendulum(hidden=tuple(args.hidden or (64, 64)), dtype=dtype, seed=args.seed,
                           log=lambda m: print(m, flush=True))
     print(f"trained pendulum policy {' -> '.join(map(str, spec.layer_sizes))} ({spec.dtype}, seed {args.seed})")
-    return _scored_export(spec, evaluate(spec), "50 Hz policy", out)
+    return _scored_export(spec, evaluate(spec), "50 Hz policy", out, args)
 
 
-def _scored_export(spec, scores, how, out):
+def _scored_export(spec, scores, how, out, args):
     """Print the offline scores from the four starts, prove the kernel, write the model file."""
     from control_node.train.pendulum import export_verified
     for th0, sc in zip(("pi (hanging)", "2.0", "-2.5", "0.3"), scores):
         print(f"offline, {how}, start {th0}: {sc.line()}")
-    report = export_verified(spec, out)
-    print(f"kernel matches numpy reference on {report['checked']} samples (rtol {report['rtol']:g})")
-    print(f"wrote {out} (sha256 {spec.sha256[:16]})")
-    return 0
+    return _export(export_verified, spec, out, args)
 
 
 def _pendulum_gru(args, out):
@@ -114,4 +125,4 @@ def _pendulum_gru(args, out):
                                   progress=lambda i, n: bar.update(task, completed=i, total=n))
     print(f"trained recurrent pendulum policy GRU {' -> '.join(map(str, spec.layer_sizes))} ({spec.dtype}, seed "
           f"{args.seed}) in {time.monotonic() - t0:.1f} s; run it at 50 Hz ([loop] policy_rate_hz = 50)")
-    return _scored_export(spec, evaluate(spec), "compiled kernel at 50 Hz, state carried", out)
+    return _scored_export(spec, evaluate(spec), "compiled kernel at 50 Hz, state carried", out, args)

@@ -39,7 +39,7 @@ __all__ = ["ImportRefused", "import_policy", "describe", "SUFFIXES"]
 
 
 def import_policy(path, *, obs_norm=None, dtype=None, check_X=None, n_random=2000, seed=0, kernel=None,
-                  max_bytes=MAX_TENSOR_BYTES):
+                  max_bytes=MAX_TENSOR_BYTES, weights=None, tolerance=None):
     """Import the policy in ``path`` (.onnx, or TorchScript .pt / .pth / .jit).
 
     ``obs_norm``: path of SB3 VecNormalize statistics kept outside the graph (.npz with mean, var,
@@ -50,6 +50,10 @@ def import_policy(path, *, obs_norm=None, dtype=None, check_X=None, n_random=200
     verifies the kernel itself), so callers that want the kernel in the proof pass it (the CLI does).
     ``max_bytes``: the most bytes one tensor read from the file may take (checked before it is allocated;
     default 256 MiB, the node's [lifecycle] max_resident_mb default).
+    ``weights``: store the weights as 'f16', 'bf16' or 'int8' (kernels/weights.py; default f32, exact): the
+    error against the float32 policy is measured through ``kernel`` (required then) over the proof's rows and
+    edge samples, refused above ``tolerance`` (default kernels.weights.DEFAULT_TOLERANCE, a fraction of each
+    action's range), and kept in ``spec.weights_error`` and ``proof['weights']``.
 
     Returns ``(spec, proof)``: a continuous-head :class:`ModelSpec` whose ``check_X`` holds (up to 256
     of) the observations it was proved on, and the proof dict (``reference``, ``samples``,
@@ -122,6 +126,19 @@ def import_policy(path, *, obs_norm=None, dtype=None, check_X=None, n_random=200
     proof["recognised"] = _recognised(fmt, folded, norm, meta)
     # the proof's first rows become check_X, verified at every load (content_hash does not cover check_X)
     spec.check_X = X[:P.CHECK_ROWS].copy()
+    if weights not in (None, "f32"):
+        from control_node.kernels.weights import WeightStorageError
+        if kernel is None:
+            raise ImportRefused(file, "weights", f"{weights} storage is measured through the compiled kernel, and "
+                                "none was passed", "pass kernel=control_node.kernels.Policy")
+        try:
+            spec = P.store_weights(spec, weights, tolerance=tolerance, X=X, seed=seed, starts=(0, n_check),
+                                 policy_class=kernel, file=file)
+        except WeightStorageError as e:
+            raise ImportRefused(file, f"--weights {weights}", str(e).removeprefix(f"{file}: "),
+                                "keep f32 (exact), choose a wider storage, or raise --tolerance") from None
+        spec.check_X = X[:P.CHECK_ROWS].copy()
+        proof["weights"] = spec.weights_error
     return spec, proof
 
 
@@ -384,6 +401,9 @@ def describe(spec, proof) -> str:
     edges = f" + {proof['edge_samples']} edge samples" if proof.get("edge_samples") else ""
     lines.append(f"proved against {proof['reference']} on {proof['samples']} observations{edges}{seqs}: max |error| "
                  f"{proof['max_abs_err']:.3g} (tolerance {proof['tolerance']})")
+    if proof.get("weights"):
+        from control_node.kernels.weights import describe as describe_weights
+        lines.append(f"weights       {describe_weights(proof['weights'])}")
     k = proof.get("kernel")
     if isinstance(k, dict):
         kedges = f" + {k['edge_samples']} edge samples" if k.get("edge_samples") else ""

@@ -31,6 +31,8 @@ spec.
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from control_node.kernels.importers.common import ImportRefused
@@ -404,3 +406,33 @@ def _restore_torch_threads(n):
     import sys
     if n is not None:
         sys.modules["torch"].set_num_threads(n)
+
+
+# ---- weight storage (kernels/weights.py): the error measured over the proof set ------------------------------
+
+def proof_set(spec, X=None, n_random=2000, seed=0, starts=(0,)):
+    """The rows a storage is measured on: ``X`` (else ``spec.check_X`` and ``n_random`` random observations),
+    then the proof's edge samples (kernels.importers.proof.edge_samples: clips, saturations, action extremes).
+    Returns ``(rows, seqs)``; ``seqs`` are the recurrent sequences (None for a feed-forward policy)."""
+    if X is None:
+        X = observations(spec, spec.check_X, n_random, seed)
+    X = np.asarray(X, dtype=np.float64)
+    rows = np.concatenate([X, edge_samples(spec, seed)[0]])
+    seqs = sequences(len(rows), tuple(starts) + (len(X),)) if spec.recurrent else None
+    return rows, seqs
+
+
+def store_weights(spec, weights, *, tolerance=None, X=None, n_random=2000, seed=0, starts=(0,), isa=None,
+                  policy_class=None, file="(model)"):
+    """``spec`` with its weights stored as ``weights``, the error measured (kernels.weights.measure_error
+    through ``policy_class``, the compiled Policy, over :func:`proof_set`) and recorded in ``weights_error`` (written into the model file). f32: the spec as is.
+    Raises WeightStorageError (tolerance exceeded: naming the worst action and observation; a weight out of
+    the storage's range)."""
+    from control_node.kernels.weights import check_storage, measure_error
+    weights = check_storage(weights)
+    if weights == "f32":
+        return replace(spec, weights="f32", weights_error=None) if spec.weights != "f32" else spec
+    rows, seqs = proof_set(spec, X, n_random, seed, starts)
+    err = measure_error(spec, weights, rows, policy_class=policy_class, isa=isa, seqs=seqs, tolerance=tolerance,
+                        file=file)
+    return replace(spec, weights=weights, weights_error=err, sha256="")
