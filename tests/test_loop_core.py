@@ -14,7 +14,7 @@ import zmq
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from control_node.loop._rtloop import RtLoop, decode_frame, encode_action
+from control_node.loop._rtloop import LoopConfig, RtLoop, decode_frame, encode_action
 from control_node.loop.libzmq import libzmq_functions
 from control_node.kernels import Policy
 from nodeutil import FedSockets
@@ -38,10 +38,9 @@ def test_hot_path_allocates_nothing_over_100k_cycles(tmp_path, iris_model_path):
     policy = Policy.load(iris_model_path)
     with FedSockets(tmp_path, FEEDER, 30) as socks:
         # 100k cycles at 20 kHz, a ring of 1000 that wraps 100 times
-        loop = RtLoop(policy, socks.sub.underlying, socks.pub.underlying, libzmq_functions(), period_ns=20_000,
-                      deadline_ns=20_000, stale_after_ns=10**9, spin_ns=20_000, max_cycles=100_000,
-                      sensor_clock=False, catch_up_skip=True, safe_action=0, hold_last=False,
-                      max_frame_bytes=4096, ring_cycles=1000)
+        cfg = LoopConfig(period_ns=20_000, stale_after_ns=10**9, spin_ns=20_000, max_cycles=100_000,
+                         ring_cycles=1000)
+        loop = RtLoop(policy, cfg, socks.sub.underlying, socks.pub.underlying, libzmq_functions())
         gc.collect()
         gc.disable()
         tracemalloc.start()
@@ -80,11 +79,9 @@ def test_continuous_hot_path_allocates_nothing_over_100k_cycles(tmp_path, contin
     try:
         assert sub.poll(10000), "feeder never connected"
         # 100k cycles at 20 kHz; the main ring (1000) and the action ring (700) both wrap
-        loop = RtLoop(policy, sub.underlying, pub.underlying, libzmq_functions(), period_ns=20_000,
-                      deadline_ns=20_000, stale_after_ns=10**9, spin_ns=20_000, max_cycles=100_000,
-                      sensor_clock=False, catch_up_skip=True, safe_action=0, hold_last=False,
-                      max_frame_bytes=4096, ring_cycles=1000, safe_u=[0.0, 0.0, 0.0, 0.0],
-                      action_ring_cycles=700)
+        cfg = LoopConfig(period_ns=20_000, stale_after_ns=10**9, spin_ns=20_000, max_cycles=100_000,
+                         ring_cycles=1000, safe_u=[0.0, 0.0, 0.0, 0.0], action_ring_cycles=700)
+        loop = RtLoop(policy, cfg, sub.underlying, pub.underlying, libzmq_functions())
         assert loop.continuous and loop.n_actions == 4 and loop.action_capacity == 700
         time.sleep(0.2)             # the watcher is connected
         gc.collect()
