@@ -210,3 +210,42 @@ def test_codec_agrees_with_reference(frame, mangle):
                                   b"\x81\xa1x\xc6\xff\xff\xff\xff"])
 def test_codec_rejects_hostile_lengths(data):
     assert decode_frame(data, N)[0] == "malformed"
+
+
+def _run_virtual(loop, io, t0, until):
+    loop.run_virtual(io, t0, until)      # any Python allocation inside the compiled loop is attributed here
+
+
+@pytest.mark.parametrize("clock", ["timer", "sensor"])
+def test_virtual_drivers_allocate_nothing(iris_model_path, clock):
+    """The drivers and the cycle on the virtual clock (tests/test_cycle_rules.py) allocate nothing either:
+    100k timer-clock cycles with phase lock, decimation and stalls, or a sensor-clock run of 50k frames."""
+    from control_node.loop._rtloop import VirtualIO
+    from support.virtual_loop import MS, T0, Stream
+    policy = Policy.load(iris_model_path)
+    sensor = clock == "sensor"
+    s = Stream.periodic(50_000 if sensor else 100_000, 2 * MS if sensor else MS, 370_000,
+                        [[5.1, 3.5, 1.4, 0.2], [6.7, 3.0, 5.2, 2.3]])
+    for j in range(0, len(s.arrive), 97):
+        s.add_bad(s.arrive[j] + 1, b"\xc1")
+    s = s.sorted()
+    stalls = [] if sensor else [(T0 + j * MS, (j % 50) * 1_000_000 + 500_000) for j in range(1000, 90_000, 5000)]
+    cfg = LoopConfig(period_ns=MS, stale_after_ns=5 * MS, max_cycles=0 if sensor else 100_000, ring_cycles=1000,
+                     sensor_clock=sensor, phase_lock=not sensor, decimation=1 if sensor else 3)
+    loop = RtLoop(policy, cfg)
+    io = VirtualIO(s.arrive, s.frames, stalls, read_cost_ns=1_000, send_capacity=1)
+    until = T0 + 100_010 * MS if sensor else 0
+    gc.collect()
+    gc.disable()
+    tracemalloc.start()
+    snap0 = tracemalloc.take_snapshot()
+    _run_virtual(loop, io, T0, until)
+    snap1 = tracemalloc.take_snapshot()
+    tracemalloc.stop()
+    gc.enable()
+    assert loop.cycles >= (50_000 if sensor else 100_000) and loop.frames_valid > 40_000
+    assert loop.rejected_counts()["malformed"] > 400
+    run_line = _run_virtual.__code__.co_firstlineno + 1
+    in_loop = [d for d in snap1.compare_to(snap0, "lineno")
+               if d.traceback[0].filename == __file__ and d.traceback[0].lineno == run_line]
+    assert sum(d.count_diff for d in in_loop) == 0

@@ -573,8 +573,14 @@ cdef class RtLoop:
             raise ValueError("a virtual run with spin_ns > 0 needs read_cost_ns > 0")
         if not self.sensor_clock and self.max_cycles <= 0 and run_until_ns <= 0:
             raise ValueError("a virtual run needs max_cycles or run_until_ns")
-        saved = (<size_t> self.sub, <size_t> self.pub, <size_t> self.z_recv, <size_t> self.z_send,
-                 <size_t> self.z_getsockopt, <size_t> self.z_errno, <size_t> self.z_poll)
+        # the real sockets, put back after (C locals: a Python tuple would stay on its free list)
+        cdef void *sub = self.sub
+        cdef void *pub = self.pub
+        cdef zmq_recv_t z_recv = self.z_recv
+        cdef zmq_send_t z_send = self.z_send
+        cdef zmq_getsockopt_t z_getsockopt = self.z_getsockopt
+        cdef zmq_errno_t z_errno = self.z_errno
+        cdef zmq_poll_t z_poll = self.z_poll
         self.vio = &io.v
         self.sub = self.pub = <void *> &io.v
         self.z_recv, self.z_send, self.z_getsockopt = cn_vio_recv, cn_vio_send, cn_vio_getsockopt
@@ -589,10 +595,8 @@ cdef class RtLoop:
             self.t_end_ns = self._now()
         finally:
             self.vio = NULL
-            self.sub, self.pub = <void *> <size_t> saved[0], <void *> <size_t> saved[1]
-            self.z_recv, self.z_send = <zmq_recv_t> <size_t> saved[2], <zmq_send_t> <size_t> saved[3]
-            self.z_getsockopt, self.z_errno = <zmq_getsockopt_t> <size_t> saved[4], <zmq_errno_t> <size_t> saved[5]
-            self.z_poll = <zmq_poll_t> <size_t> saved[6]
+            self.sub, self.pub, self.z_recv, self.z_send = sub, pub, z_recv, z_send
+            self.z_getsockopt, self.z_errno, self.z_poll = z_getsockopt, z_errno, z_poll
 
     # ------------------------------------------------------------------ the clock
     cdef inline int64_t _now(self) noexcept nogil:
