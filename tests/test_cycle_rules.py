@@ -3,8 +3,10 @@ control_node/loop/cn_vio.h): frames encoded as the sender encodes them arrive at
 are stalled on purpose, phase-lock probes are answered from the arrival times. Thousands of cycles run in
 milliseconds and every assertion is exact: no wall clock, no process, nothing a host stall can break.
 
-Each test names the process test whose rule check it took over; the process tests keep what needs a
-process (sockets, signals, recording, a real launch) and check evidence, not timing."""
+A test that took over a process test's rule check says "Replaces" and names it (that check is gone from
+the process test, which keeps what needs a process: sockets, signals, recording, a real launch, and checks
+evidence, not timing). "Exact form of" names a process test that still runs (it checks its path as
+evidence: the CLI, the control socket, a real sender) whose rule is pinned here to the cycle."""
 from __future__ import annotations
 
 import time
@@ -191,8 +193,8 @@ def test_phase_lock_follows_a_sender_off_by_200_ppm(pols, ppm):
 # ---- watchdog ----
 
 def test_stale_publishes_the_safe_action_at_the_exact_tick(pols):
-    """Replaces the stale -> safe checks of the process tests (test_node.py's watchdog, test_decimation.py's
-    trips): with stale_after 5 ms the first tick more than 5 ms after the last frame's drain is stale and
+    """Exact form of the stale -> safe checks of test_node.py's watchdog tests and test_decimation.py's trips
+    (which the latter replaced its trip-timing checks with): with stale_after 5 ms the first tick more than 5 ms after the last frame's drain is stale and
     publishes the configured safe class with the last valid frame's seq; hold_last repeats the last class."""
     s = Stream.periodic(100, MS, 300_000, IRIS_X)
     for hold in (False, True):
@@ -210,7 +212,8 @@ def test_stale_publishes_the_safe_action_at_the_exact_tick(pols):
 
 
 def test_watchdog_trip_resets_recurrent_state_and_accepts_a_restarted_sender(pols):
-    """Replaces test_recurrent_node.py's reset-on-trip rule check and the restarted-sender check: a trip zeroes
+    """Exact form of test_recurrent_node.py::test_state_is_carried_and_reset_on_a_watchdog_trip and of the
+    restarted-sender rule (test_node.py), on the cycle: a trip zeroes
     the GRU state (the first answer after it equals a fresh policy's), counts a state reset, and lifts the
     seq rule once so a restarted sender's seq 1 is accepted; without a trip a lower seq is rejected."""
     gru = pols["gru"]
@@ -243,8 +246,8 @@ def test_watchdog_trip_resets_recurrent_state_and_accepts_a_restarted_sender(pol
 @pytest.mark.parametrize("stall_ms", [0.5, 2.5, 7.3, 49.6])
 @pytest.mark.parametrize("skip", [True, False])
 def test_misses_and_skipped_ticks_under_a_stall(pols, stall_ms, skip):
-    """Replaces the miss/skipped accounting that test_node.py and test_why_late.py could only check as
-    evidence: one wake-up comes stall_ms late (deadline one period). catch_up_skip on: the late cycle is a
+    """Exact form of the miss / skipped-tick accounting that test_node.py and test_why_late.py can only check
+    as evidence on a real host (they keep running): one wake-up comes stall_ms late (deadline one period). catch_up_skip on: the late cycle is a
     miss if stall > deadline, and the ticks that passed meanwhile are skipped and counted misses but the last,
     which runs late; off: the
     ticks run back to back, each late one a miss. The wake's lateness is recorded exactly."""
@@ -278,7 +281,7 @@ def test_misses_and_skipped_ticks_under_a_stall(pols, stall_ms, skip):
 # ---- input age ----
 
 def test_input_age_is_the_wake_minus_the_frames_stamp(pols):
-    """Replaces the input-age checks of test_node.py / test_decimation.py: on an inference tick and on the hold
+    """Exact form of the input-age bookkeeping the process tests read from real runs: on an inference tick and on the hold
     ticks after it, the age is the tick's wake minus the t_ns of the frame acted on; -1 on safe ticks."""
     s = Stream.periodic(100, MS, 300_000, xs6(), transit_ns=80_000)
     r = run_virtual(pols["a"], s, period_ns=MS, max_cycles=100, decimation=4, stale_after_ns=5 * MS)
@@ -295,7 +298,8 @@ def test_input_age_is_the_wake_minus_the_frames_stamp(pols):
 
 @pytest.mark.parametrize("order", ["oldest_first", "newest_first"])
 def test_history_stacks_the_frames_acted_on(pols, order):
-    """Replaces test_history.py::test_history_stacks_the_last_frames's rule check: the 6-input policy gets 2
+    """Exact form of test_history.py::test_history_stacks_the_last_frames (a real node, kept), on the cycle and
+    with a watchdog trip in the middle: the 6-input policy gets 2
     frames of 3, stacked in the configured order; the first inference repeats its frame; a trip refills."""
     a = pols["a"]
     rng = np.random.default_rng(5)
@@ -333,8 +337,8 @@ def _transitions(loop):
 
 
 def test_canary_non_finite_output_rolls_back_in_the_same_tick(pols):
-    """Replaces test_lifecycle.py::test_a_canary_with_non_finite_output_is_rolled_back_in_the_same_tick's rule
-    check: the canary's non-finite answer is never published; the previous policy answers that very tick."""
+    """Exact form of test_lifecycle.py::test_a_canary_with_non_finite_output_is_rolled_back_in_the_same_tick (the
+    CLI path, kept): the canary's non-finite answer is never published; the previous policy answers that very tick."""
     s, xs = _continuous_stream(100, {49: np.full(6, 1e200)})
     r = run_virtual(pols["a"], s, period_ns=MS, max_cycles=100, stale_after_ns=5 * MS,
                     slots=[(1, pols["overflow"])], requests=[("canary", 1)])
@@ -348,8 +352,8 @@ def test_canary_non_finite_output_rolls_back_in_the_same_tick(pols):
 
 
 def test_canary_rolled_back_on_disagreement_at_the_window_end(pols):
-    """Replaces test_lifecycle.py::test_canary_rolled_back_on_disagreement_and_an_equal_one_promoted (first
-    half): B disagrees with A (the shadow) on every tick: rolled back on the last tick of the first window."""
+    """Exact form of test_lifecycle.py::test_canary_rolled_back_on_disagreement_and_an_equal_one_promoted (first
+    half; the CLI path, kept): B disagrees with A (the shadow) on every tick: rolled back on the last tick of the first window."""
     s, _ = _continuous_stream(100)
     rules = dict(canary_ticks=1000, window=10, max_disagree=0.2, budget_ns=0, max_over=3, distance=1e-9)
     r = run_virtual(pols["a"], s, period_ns=MS, max_cycles=100, stale_after_ns=5 * MS, rules=rules,
@@ -362,8 +366,8 @@ def test_canary_rolled_back_on_disagreement_at_the_window_end(pols):
 
 
 def test_an_agreeing_canary_is_promoted_after_canary_ticks(pols):
-    """Replaces the second half of test_lifecycle.py::test_canary_rolled_back_on_disagreement_and_an_equal_one
-    _promoted: A2 (A's weights) agrees on every tick and is promoted after exactly canary_ticks policy ticks."""
+    """Exact form of the second half of test_lifecycle.py::test_canary_rolled_back_on_disagreement_and_an_equal_
+    one_promoted (kept): A2 (A's weights) agrees on every tick and is promoted after exactly canary_ticks policy ticks."""
     s, _ = _continuous_stream(100)
     rules = dict(canary_ticks=30, window=10, max_disagree=0.2, budget_ns=0, max_over=3, distance=0.1)
     r = run_virtual(pols["a"], s, period_ns=MS, max_cycles=100, stale_after_ns=5 * MS, rules=rules,
@@ -372,6 +376,20 @@ def test_an_agreeing_canary_is_promoted_after_canary_ticks(pols):
     assert r.loop.active == 1 and not r.loop.canary and r.loop.shadow == -1
     assert (r.rec["shadow"][1:31] == rundir.SHADOW_CODES.index("agree")).all()
     assert (r.rec["shadow_dist"][1:31] == 0.0).all()
+
+
+def test_a_non_finite_shadow_is_counted_at_its_cycle(pols):
+    """A shadow whose output is not finite on one frame: that cycle's verdict is non_finite (distance -1), the
+    active policy's answer is published unchanged, and nothing else counts as a failure."""
+    s, xs = _continuous_stream(60, {29: np.full(6, 1e200)})
+    r = run_virtual(pols["a"], s, period_ns=MS, max_cycles=60, stale_after_ns=5 * MS,
+                    slots=[(1, pols["overflow"])], requests=[("shadow", 1)])
+    codes = r.rec["shadow"]
+    assert np.flatnonzero(codes == rundir.SHADOW_CODES.index("non_finite")).tolist() == [30]
+    assert r.rec["shadow_dist"][30] == -1.0 and r.loop.shadow_nonfinite == 1
+    assert r.loop.shadow_ticks == 59                      # every inference from cycle 1 on
+    assert r.sent[30]["u"] == pols["a"].act(xs[29]).tolist() and not r.sent[30]["safe"]
+    assert r.loop.active == 0 and r.loop.rejected_counts()["non_finite_output"] == 0
 
 
 def test_canary_rolled_back_for_breaking_the_cycle_budget(pols):
@@ -386,8 +404,8 @@ def test_canary_rolled_back_for_breaking_the_cycle_budget(pols):
 
 
 def test_shadow_verdicts_argmax(pols, make_spec, tmp_path):
-    """Replaces the rule check of test_lifecycle.py::test_shadow_never_changes_an_action_and_counts_what_an_
-    offline_comparison_counts: an argmax shadow agrees when it picks the same class (distance 0, else 1), its
+    """The argmax side of test_lifecycle.py::test_shadow_never_changes_an_action_and_counts_what_an_offline_
+    comparison_counts (continuous, kept): an argmax shadow agrees when it picks the same class (distance 0, else 1), its
     verdicts count exactly what an offline comparison counts, and the published class stays the active's."""
     other = _save(make_spec([4, 13, 3], seed=9), tmp_path / "other.npz")
     rng = np.random.default_rng(2)

@@ -12,8 +12,6 @@ reached through ``_now`` / ``_sleep_until`` and libzmq function pointers, so a v
 cimport cython
 from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint8_t, uint64_t
 
-from control_node.kernels._policy cimport Policy
-
 cdef extern from "cn_vio.h" nogil:
     ctypedef struct cn_pollitem_t:
         void *socket

@@ -24,6 +24,8 @@ from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint8_t, uint64_t
 from libc.math cimport sqrt
 from libc.string cimport memcpy
 
+from control_node.kernels._policy cimport Policy
+
 from control_node import rundir
 from control_node.rundir import HIST_NAMES, REASONS
 
