@@ -9,8 +9,6 @@ evidence, not timing). "Exact form of" names a process test that still runs (it 
 evidence: the CLI, the control socket, a real sender) whose rule is pinned here to the cycle."""
 from __future__ import annotations
 
-import time
-
 import msgpack
 import numpy as np
 import pytest
@@ -58,11 +56,10 @@ def test_thousands_of_cycles_run_in_milliseconds(pols):
     """The virtual run is cheap enough to check rules over thousands of cycles: 20k cycles of the real loop
     (drain, decode, infer, publish, record) with a frame every tick."""
     s = Stream.periodic(20_000, MS, 300_000, IRIS_X)
-    t = time.perf_counter()
     r = run_virtual(pols["iris"], s, period_ns=MS, max_cycles=20_000, stale_after_ns=5 * MS)
-    elapsed = time.perf_counter() - t
+    # (no wall-clock bound: ~40 ms here for the run, whose virtual clock covered 20 s)
     assert r.loop.cycles == 20_000 and r.loop.frames_valid == 19_999   # the last frame comes after the last tick
-    assert elapsed < 5.0, elapsed        # generous: a loaded host; it is ~50 ms here
+    assert r.io.now >= T0 + 19_999 * MS
     # every tick answered the frame that arrived 0.7 ms before it, with iris's class for it
     want = [int(pols["iris"].predict(np.array(IRIS_X[i % 3]))) for i in range(3)]
     for m in r.sent[1:100]:
