@@ -1,6 +1,11 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
 """The node's hot path: one cycle = wait for the tick, read, infer, write, record.
 
+``RtLoop.cycle`` is the cycle after the wait and the drain (everything but sleeping and socket I/O);
+the timer-clock and sensor-clock drivers only wait and drain around it. Its parts are declared once in
+``_rtloop.pxd``. ``RtLoop.run_virtual`` runs the same drivers and cycle on a virtual clock and virtual
+sockets (``cn_vio.h``) for the rule tests (tests/test_cycle_rules.py).
+
 Everything runs without the GIL and without touching a Python object: libzmq is
 called through function pointers taken from the library pyzmq itself loaded (no
 build-time link against pyzmq's privately named copy), frames are decoded by
