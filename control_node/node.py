@@ -195,6 +195,26 @@ def phase_lock_figures(loop, arrays: dict) -> dict:
             "frame_lead_ns": rundir.describe(lead)}
 
 
+def loop_config(cfg: dict, safe: dict, decimation: int, spin_us: float, ring_cycles: int):
+    """The loop's :class:`~control_node.loop._rtloop.LoopConfig` from the validated config (``safe``:
+    config.resolve_safe_action's answer, ``decimation`` / ``spin_us`` resolved, ``ring_cycles`` sized)."""
+    from control_node.loop._rtloop import LoopConfig
+    lp, wd, lim = cfg["loop"], cfg["watchdog"], cfg["limits"]
+    rate = float(lp["rate_hz"])
+    period_ns = int(round(1e9 / rate))
+    timer = lp["clock"] == "timer"
+    return LoopConfig(
+        period_ns=period_ns, deadline_ns=int(lp["deadline_us"] * 1000) or period_ns,
+        stale_after_ns=int(wd["stale_after_ms"] * 1e6), spin_ns=int(spin_us * 1000),
+        max_cycles=int(round(float(lp["duration_s"]) * rate)) if timer else 0,
+        sensor_clock=not timer, catch_up_skip=lp["catch_up"] == "skip",
+        safe_action=safe["class"] or 0, hold_last=safe["hold"], max_frame_bytes=lim["max_frame_bytes"],
+        ring_cycles=ring_cycles, safe_u=safe["u"], decimation=decimation, history=int(cfg["policy"]["history"]),
+        history_newest_first=cfg["policy"]["history_order"] == "newest_first", phase_lock=bool(lp["phase_lock"]),
+        phase_margin_ns=int(round(lp["phase_margin_us"] * 1e3)) if lp["phase_lock"] else 0,
+        reset_on_trip=bool(wd["reset_state"]))
+
+
 class Node:
     def __init__(self, cfg: dict, model_path=None, run_dir=None, quiet=False):
         self.cfg = cfg
@@ -245,18 +265,8 @@ class Node:
             others = set(os.sched_getaffinity(0)) - {loop_cpu} if loop_cpu is not None else set()
             sockets = NodeSockets(cfg["endpoints"], lim["max_frame_bytes"], lim["send_hwm"], io_cpus=others,
                                   security=cfg.get("security"))
-            loop = RtLoop(policy, sockets.sensor.underlying, sockets.action.underlying, libzmq_functions(),
-                          period_ns=period_ns,
-                          deadline_ns=int(lp["deadline_us"] * 1000) or period_ns,
-                          stale_after_ns=int(wd["stale_after_ms"] * 1e6), spin_ns=int(spin_us * 1000),
-                          max_cycles=int(round(duration * rate)) if lp["clock"] == "timer" else 0,
-                          sensor_clock=lp["clock"] == "sensor", catch_up_skip=lp["catch_up"] == "skip",
-                          safe_action=safe["class"] or 0, hold_last=safe["hold"],
-                          max_frame_bytes=lim["max_frame_bytes"], ring_cycles=ring, safe_u=safe["u"],
-                          decimation=decimation, history=int(cfg["policy"]["history"]),
-                          history_newest_first=cfg["policy"]["history_order"] == "newest_first",
-                          phase_lock=bool(lp["phase_lock"]), phase_margin_ns=int(round(lp["phase_margin_us"] * 1e3)) if lp["phase_lock"] else 0,
-                          reset_on_trip=bool(wd["reset_state"]))
+            loop = RtLoop(policy, loop_config(cfg, safe, decimation, spin_us, ring), sockets.sensor.underlying,
+                          sockets.action.underlying, libzmq_functions())
             from control_node.lifecycle import ControlThread, Lifecycle
             rt_ref = {}
             lifecycle = Lifecycle(loop, cfg, policy, self.model_path)

@@ -101,6 +101,12 @@ def _send_bursts(endpoint, xs, bursts, burst_s, gap_s, bad_every):
 
 
 def test_decimation_holds_the_action_between_inference_ticks(tmp_path, continuous_f64_model_path):
+    """A real node at 1 kHz with the policy at 50 Hz, real bursts with bad frames and silences: the evidence in
+    its run (every frame counted, at most one inference per block, fresh answers equal Policy.act, held ones
+    repeat, trips publish the safe action), its summary and its report. The schedule's exact rules (the policy
+    tick of every block, skipped policy ticks after a stall, recovery after a trip) moved to
+    test_cycle_rules.py (test_decimation_phases_and_held_actions, test_decimation_after_skipped_ticks_and_a_
+    watchdog_trip): they needed a host that never stalls."""
     policy = Policy.load(continuous_f64_model_path)
     n = 20
     node, _ = start_node(tmp_path, continuous_f64_model_path,
@@ -129,32 +135,15 @@ def test_decimation_holds_the_action_between_inference_ticks(tmp_path, continuou
     rej_hold = ((flags & rundir.FLAG_REJECTED) != 0) & ~infer
     assert rej_hold.sum() > 0.5 * bad, "rejected frames are counted on hold ticks"
 
-    # the schedule: at most one inference per block of n ticks; inference ticks are the policy ticks
+    # the schedule: at most one inference per block of n ticks
     blocks = k[infer] // n
     assert len(np.unique(blocks)) == len(blocks), "two inferences in one decimation block"
-    # a "clean" policy tick g: it and the n - 1 ticks before it all ran (no tick skipped after a stall) and
-    # none was stale, so a valid frame came since the last inference: the policy must run exactly on g (an
-    # inference elsewhere in g's block is then a second one, refused above). Off the grid it runs only after
-    # a skipped policy tick or a trip (the rule: the first tick at or after a policy tick that holds a frame
-    # not acted on yet)
-    index = {int(kk): i for i, kk in enumerate(k)}
-    first_live = int(k[~stale][0])
-    clean = {}
-    for g in range((first_live // n + 1) * n, int(k[-1]) + 1, n):
-        window = [index.get(j) for j in range(g - n + 1, g + 1)]
-        if None not in window and not stale[window].any():
-            clean[g // n] = window[-1]
-    assert len(clean) > 30, f"only {len(clean)} clean decimation blocks (a stalled host?)"
-    missed = [g for g, i in clean.items() if not infer[i]]
-    assert not missed, f"no inference on the policy tick of clean blocks {missed[:5]}"
     assert s["policy_rate"]["decimation"] == n and s["policy_rate"]["policy_rate_hz"] == 50.0
     assert s["policy_rate"]["loop_rate_hz"] == 1000.0
     assert s["policy_rate"]["inference_ticks"] == int(infer.sum())
     assert s["policy_rate"]["hold_ticks"] == int((~infer).sum())
-    assert s["policy_rate"]["cycle_time_infer_ns"]["count"] == int(infer.sum()) > 3 * 0.5 * 600 / n
+    assert s["policy_rate"]["cycle_time_infer_ns"]["count"] == int(infer.sum()) > 0
     assert s["policy_rate"]["cycle_time_hold_ns"]["count"] == int((~infer).sum())
-    live = ~stale
-    assert 0.8 / n < infer[live].mean() < 1.3 / n, infer[live].mean()
 
     # the action stream: fresh actions only on inference ticks, the held one (same u, same seq) in between
     by_cycle = {int(m["cycle"]): m for m in actions}
@@ -171,29 +160,14 @@ def test_decimation_holds_the_action_between_inference_ticks(tmp_path, continuou
         else:
             assert m["u"] == prev["u"] and m["seq"] == prev["seq"], f"cycle {c} changed the action on a hold tick"
             checked_hold += 1
-    assert checked_infer > 30 and checked_hold > 30 * (n - 2)
+    assert checked_infer > 10 and checked_hold > 10 * (n - 2)
 
-    # the watchdog still trips between policy ticks: each gap trips it, on a tick that is no policy tick
+    # the watchdog still trips: each gap trips it, publishing the safe action, inferring nothing
     trips = np.flatnonzero(stale[1:] & ~stale[:-1]) + 1
     trips = trips[k[trips] > k[~stale][0]]        # not the start-up stale stretch
     assert len(trips) >= 2, "the gaps did not trip the watchdog"
     assert not infer[trips].any()
-    assert (k[trips] % n != 0).any(), "every trip fell on a policy tick"
     assert all(by_cycle[int(cycles[t])]["safe"] for t in trips if int(cycles[t]) in by_cycle)
-    # after a trip the first valid frame is acted on at the first policy tick at or after it: at once when a
-    # policy tick passed since the last inference (the 80 ms gaps), else at the next one (a short sender hiccup)
-    for t in trips:
-        back = np.flatnonzero(~stale[t:])
-        if not back.size:
-            continue
-        r = t + back[0]
-        li = np.flatnonzero(infer[:t])[-1]
-        nxt = r + np.flatnonzero(infer[r:])[0]
-        if k[r] // n > k[li] // n:
-            assert nxt == r, "the first fresh frame after a trip was not acted on"
-        elif (np.diff(k[r:nxt + 1]) == 1).all() and not stale[r:nxt + 1].any():
-            # no tick skipped and no second trip before it (either moves the inference, by the same rule)
-            assert k[nxt] // n == k[li] // n + 1 and k[nxt] % n == 0, "recovery off the policy grid"
 
     # the report shows the loop rate, the policy rate and the cost of each kind of tick
     rep = run_cli("report", run_dir, "--no-plots", "--out", tmp_path / "rep", env={"COLUMNS": "200"})

@@ -132,15 +132,14 @@ def test_history_and_decimation_allocate_nothing(tmp_path, continuous_f64_model_
     import tracemalloc
 
     from nodeutil import FedSockets
-    from control_node.loop._rtloop import RtLoop
+    from control_node.loop._rtloop import LoopConfig, RtLoop
     from control_node.loop.libzmq import libzmq_functions
     policy = Policy.load(continuous_f64_model_path)
     with FedSockets(tmp_path, FEEDER_3, 30) as socks:
-        loop = RtLoop(policy, socks.sub.underlying, socks.pub.underlying, libzmq_functions(), period_ns=20_000,
-                      deadline_ns=20_000, stale_after_ns=10**9, spin_ns=6_000, max_cycles=50_000,
-                      sensor_clock=False, catch_up_skip=True, safe_action=0, hold_last=False,
-                      max_frame_bytes=4096, ring_cycles=1000, safe_u=[0.0] * 4, action_ring_cycles=700,
-                      decimation=7, history=2, history_newest_first=True)
+        cfg = LoopConfig(period_ns=20_000, stale_after_ns=10**9, spin_ns=6_000, max_cycles=50_000,
+                         ring_cycles=1000, safe_u=[0.0] * 4, action_ring_cycles=700, decimation=7, history=2,
+                         history_newest_first=True)
+        loop = RtLoop(policy, cfg, socks.sub.underlying, socks.pub.underlying, libzmq_functions())
         assert (loop.decimation, loop.history, loop.frame_width) == (7, 2, 3)
         gc.collect()
         gc.disable()

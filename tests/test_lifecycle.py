@@ -297,7 +297,7 @@ def test_1000_switches_allocate_nothing_on_the_loop_thread(tmp_path, models):
     import time
     import tracemalloc
 
-    from control_node.loop._rtloop import RtLoop
+    from control_node.loop._rtloop import LoopConfig, RtLoop
     from control_node.loop.libzmq import libzmq_functions
     from test_loop_core import FEEDER_6
     pa, pb = Policy.load(models["a"]), Policy.load(models["b"])
@@ -317,10 +317,9 @@ def test_1000_switches_allocate_nothing_on_the_loop_thread(tmp_path, models):
         loop.request_stop()
 
     with FedSockets(tmp_path, FEEDER_6) as socks:
-        loop = RtLoop(pa, socks.sub.underlying, socks.pub.underlying, libzmq_functions(), period_ns=50_000,
-                      deadline_ns=50_000, stale_after_ns=10**9, spin_ns=10_000, max_cycles=0,
-                      sensor_clock=False, catch_up_skip=True, safe_action=0, hold_last=False,
-                      max_frame_bytes=4096, ring_cycles=1000, safe_u=[0.0] * 4, action_ring_cycles=500)
+        cfg = LoopConfig(period_ns=50_000, stale_after_ns=10**9, spin_ns=10_000, ring_cycles=1000,
+                         safe_u=[0.0] * 4, action_ring_cycles=500)
+        loop = RtLoop(pa, cfg, socks.sub.underlying, socks.pub.underlying, libzmq_functions())
         loop.set_slot(1, pb)
         t = threading.Thread(target=switcher, args=(loop,), daemon=True)
         gc.collect()

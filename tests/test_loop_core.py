@@ -14,7 +14,7 @@ import zmq
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from control_node.loop._rtloop import RtLoop, decode_frame, encode_action
+from control_node.loop._rtloop import LoopConfig, RtLoop, decode_frame, encode_action
 from control_node.loop.libzmq import libzmq_functions
 from control_node.kernels import Policy
 from nodeutil import FedSockets
@@ -38,10 +38,9 @@ def test_hot_path_allocates_nothing_over_100k_cycles(tmp_path, iris_model_path):
     policy = Policy.load(iris_model_path)
     with FedSockets(tmp_path, FEEDER, 30) as socks:
         # 100k cycles at 20 kHz, a ring of 1000 that wraps 100 times
-        loop = RtLoop(policy, socks.sub.underlying, socks.pub.underlying, libzmq_functions(), period_ns=20_000,
-                      deadline_ns=20_000, stale_after_ns=10**9, spin_ns=20_000, max_cycles=100_000,
-                      sensor_clock=False, catch_up_skip=True, safe_action=0, hold_last=False,
-                      max_frame_bytes=4096, ring_cycles=1000)
+        cfg = LoopConfig(period_ns=20_000, stale_after_ns=10**9, spin_ns=20_000, max_cycles=100_000,
+                         ring_cycles=1000)
+        loop = RtLoop(policy, cfg, socks.sub.underlying, socks.pub.underlying, libzmq_functions())
         gc.collect()
         gc.disable()
         tracemalloc.start()
@@ -80,11 +79,9 @@ def test_continuous_hot_path_allocates_nothing_over_100k_cycles(tmp_path, contin
     try:
         assert sub.poll(10000), "feeder never connected"
         # 100k cycles at 20 kHz; the main ring (1000) and the action ring (700) both wrap
-        loop = RtLoop(policy, sub.underlying, pub.underlying, libzmq_functions(), period_ns=20_000,
-                      deadline_ns=20_000, stale_after_ns=10**9, spin_ns=20_000, max_cycles=100_000,
-                      sensor_clock=False, catch_up_skip=True, safe_action=0, hold_last=False,
-                      max_frame_bytes=4096, ring_cycles=1000, safe_u=[0.0, 0.0, 0.0, 0.0],
-                      action_ring_cycles=700)
+        cfg = LoopConfig(period_ns=20_000, stale_after_ns=10**9, spin_ns=20_000, max_cycles=100_000,
+                         ring_cycles=1000, safe_u=[0.0, 0.0, 0.0, 0.0], action_ring_cycles=700)
+        loop = RtLoop(policy, cfg, sub.underlying, pub.underlying, libzmq_functions())
         assert loop.continuous and loop.n_actions == 4 and loop.action_capacity == 700
         time.sleep(0.2)             # the watcher is connected
         gc.collect()
@@ -213,3 +210,42 @@ def test_codec_agrees_with_reference(frame, mangle):
                                   b"\x81\xa1x\xc6\xff\xff\xff\xff"])
 def test_codec_rejects_hostile_lengths(data):
     assert decode_frame(data, N)[0] == "malformed"
+
+
+def _run_virtual(loop, io, t0, until):
+    loop.run_virtual(io, t0, until)      # any Python allocation inside the compiled loop is attributed here
+
+
+@pytest.mark.parametrize("clock", ["timer", "sensor"])
+def test_virtual_drivers_allocate_nothing(iris_model_path, clock):
+    """The drivers and the cycle on the virtual clock (tests/test_cycle_rules.py) allocate nothing either:
+    100k timer-clock cycles with phase lock, decimation and stalls, or a sensor-clock run of 50k frames."""
+    from control_node.loop._rtloop import VirtualIO
+    from support.virtual_loop import MS, T0, Stream
+    policy = Policy.load(iris_model_path)
+    sensor = clock == "sensor"
+    s = Stream.periodic(50_000 if sensor else 100_000, 2 * MS if sensor else MS, 370_000,
+                        [[5.1, 3.5, 1.4, 0.2], [6.7, 3.0, 5.2, 2.3]])
+    for j in range(0, len(s.arrive), 97):
+        s.add_bad(s.arrive[j] + 1, b"\xc1")
+    s = s.sorted()
+    stalls = [] if sensor else [(T0 + j * MS, (j % 50) * 1_000_000 + 500_000) for j in range(1000, 90_000, 5000)]
+    cfg = LoopConfig(period_ns=MS, stale_after_ns=5 * MS, max_cycles=0 if sensor else 100_000, ring_cycles=1000,
+                     sensor_clock=sensor, phase_lock=not sensor, decimation=1 if sensor else 3)
+    loop = RtLoop(policy, cfg)
+    io = VirtualIO(s.arrive, s.frames, stalls, read_cost_ns=1_000, send_capacity=1)
+    until = T0 + 100_010 * MS if sensor else 0
+    gc.collect()
+    gc.disable()
+    tracemalloc.start()
+    snap0 = tracemalloc.take_snapshot()
+    _run_virtual(loop, io, T0, until)
+    snap1 = tracemalloc.take_snapshot()
+    tracemalloc.stop()
+    gc.enable()
+    assert loop.cycles >= (50_000 if sensor else 100_000) and loop.frames_valid > 40_000
+    assert loop.rejected_counts()["malformed"] > 400
+    run_line = _run_virtual.__code__.co_firstlineno + 1
+    in_loop = [d for d in snap1.compare_to(snap0, "lineno")
+               if d.traceback[0].filename == __file__ and d.traceback[0].lineno == run_line]
+    assert sum(d.count_diff for d in in_loop) == 0

@@ -1,6 +1,11 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
 """The node's hot path: one cycle = wait for the tick, read, infer, write, record.
 
+``RtLoop.cycle`` is the cycle after the wait and the drain (everything but sleeping and socket I/O);
+the timer-clock and sensor-clock drivers only wait and drain around it. Its parts are declared once in
+``_rtloop.pxd``. ``RtLoop.run_virtual`` runs the same drivers and cycle on a virtual clock and virtual
+sockets (``cn_vio.h``) for the rule tests (tests/test_cycle_rules.py).
+
 Everything runs without the GIL and without touching a Python object: libzmq is
 called through function pointers taken from the library pyzmq itself loaded (no
 build-time link against pyzmq's privately named copy), frames are decoded by
@@ -20,7 +25,7 @@ is rolled back by the loop itself, within the policy tick that broke a rule.
 import numpy as np
 
 cimport numpy as cnp
-from libc.stdint cimport int8_t, int16_t, int64_t, uint8_t, uint64_t
+from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint8_t, uint64_t
 from libc.math cimport sqrt
 from libc.string cimport memcpy
 
@@ -79,18 +84,6 @@ cdef extern from "rt_hist.h" nogil:
     enum: CN_HIST_SUB_BITS
     void cn_hist_record(int64_t *counts, int64_t v)
 
-ctypedef struct zmq_pollitem_t:
-    void *socket
-    int fd
-    short events
-    short revents
-
-ctypedef int (*zmq_recv_t)(void *s, void *buf, size_t n, int flags) noexcept nogil
-ctypedef int (*zmq_send_t)(void *s, const void *buf, size_t n, int flags) noexcept nogil
-ctypedef int (*zmq_getsockopt_t)(void *s, int opt, void *val, size_t *n) noexcept nogil
-ctypedef int (*zmq_errno_t)() noexcept nogil
-ctypedef int (*zmq_poll_t)(zmq_pollitem_t *items, int n, long timeout_ms) noexcept nogil
-
 cdef enum:
     ZMQ_DONTWAIT = 1
     ZMQ_RCVMORE = 13
@@ -113,7 +106,6 @@ cdef enum:
     ACTION_SAFE = -1
 
 # policy lifecycle (control_node.rundir: MAX_POLICIES, TRANSITIONS, TRANSITION_REASONS, SHADOW_CODES)
-DEF MAX_POLICIES = 8
 DEF TR_CAP = 4096              # transition records the control thread has not read yet, at most
 DEF TR_FIELDS = 7              # cycle, kind, slot, from_slot, reason, t_ns, seq the old policy acted on last
 cdef enum:
@@ -166,135 +158,142 @@ cdef inline void sleep_until(int64_t t) noexcept nogil:
         pass
 
 
+class LoopConfig:
+    """The loop's settings, one object (``control_node.node.loop_config`` builds it from the validated
+    config; tests build it directly). Times in ns.
+
+    safe_action/hold_last: argmax policies (a class index; hold = repeat the last class). Continuous
+    policies: ``safe_u`` is the safe action vector (n_actions finite floats; None: the head's offset),
+    ``hold_last`` publishes the last good action instead once there is one; ``action_ring_cycles`` the
+    cycles the action ring keeps (0: rundir.action_ring_capacity). ``decimation``: the policy runs on one
+    tick in N (timer clock); ``history``: frames of n_features / history each stacked into the policy's
+    input, oldest first unless history_newest_first. ``deadline_ns`` 0: one period."""
+
+    FIELDS = ("period_ns", "deadline_ns", "stale_after_ns", "spin_ns", "max_cycles", "sensor_clock",
+              "catch_up_skip", "safe_action", "hold_last", "max_frame_bytes", "ring_cycles", "safe_u",
+              "action_ring_cycles", "decimation", "history", "history_newest_first", "phase_lock",
+              "phase_margin_ns", "reset_on_trip")
+
+    def __init__(self, *, period_ns, deadline_ns=0, stale_after_ns=100_000_000, spin_ns=0, max_cycles=0,
+                 sensor_clock=False, catch_up_skip=True, safe_action=0, hold_last=False, max_frame_bytes=4096,
+                 ring_cycles=100_000, safe_u=None, action_ring_cycles=0, decimation=1, history=1,
+                 history_newest_first=False, phase_lock=False, phase_margin_ns=100_000, reset_on_trip=True):
+        self.period_ns, self.deadline_ns = int(period_ns), int(deadline_ns or period_ns)
+        self.stale_after_ns, self.spin_ns, self.max_cycles = int(stale_after_ns), int(spin_ns), int(max_cycles)
+        self.sensor_clock, self.catch_up_skip = bool(sensor_clock), bool(catch_up_skip)
+        self.safe_action, self.hold_last = int(safe_action), bool(hold_last)
+        self.max_frame_bytes, self.ring_cycles = int(max_frame_bytes), int(ring_cycles)
+        self.safe_u = None if safe_u is None else [float(v) for v in np.asarray(safe_u, dtype=np.float64).reshape(-1)]
+        self.action_ring_cycles, self.decimation, self.history = int(action_ring_cycles), int(decimation), int(history)
+        self.history_newest_first, self.phase_lock = bool(history_newest_first), bool(phase_lock)
+        self.phase_margin_ns, self.reset_on_trip = int(phase_margin_ns), bool(reset_on_trip)
+
+    def replace(self, **changes):
+        """A copy with ``changes`` applied."""
+        kw = {f: getattr(self, f) for f in self.FIELDS}
+        kw.update(changes)
+        return LoopConfig(**kw)
+
+    def __repr__(self):
+        return "LoopConfig(" + ", ".join(f"{f}={getattr(self, f)!r}" for f in self.FIELDS) + ")"
+
+
+cdef class VirtualIO:
+    """A virtual clock and virtual sockets for :meth:`RtLoop.run_virtual` (``cn_vio.h``): the real drivers
+    and the real cycle run on made-up times, thousands of cycles in milliseconds.
+
+    ``arrive_ns``: each frame's arrival time (sorted); ``frames``: its bytes (a list of bytes objects, as
+    sent on the wire; a tuple of parts is one multipart message). ``stalls``: (at_ns, late_ns) pairs, sorted:
+    the first sleep whose target reaches at_ns wakes late_ns late. ``read_cost_ns``: every clock read
+    advances the clock by this (the cycle's virtual cost). ``start_ns``: the clock at the start. Published
+    messages are kept (the first ``send_capacity``, up to ``max_message_bytes`` each): :meth:`sent`."""
+
+    def __init__(self, arrive_ns, frames, stalls=(), *, int64_t read_cost_ns=0, int64_t start_ns=0,
+                 int64_t send_capacity=20_000, int64_t max_message_bytes=512):
+        arrive_ns = list(arrive_ns)
+        frames = list(frames)
+        if len(arrive_ns) != len(frames):
+            raise ValueError(f"arrive_ns has {len(arrive_ns)} times for {len(frames)} frames")
+        parts, times, more = [], [], []
+        for t, f in zip(arrive_ns, frames):
+            ps = list(f) if isinstance(f, tuple) else [f]
+            for j, p in enumerate(ps):
+                parts.append(bytes(p))
+                times.append(int(t))
+                more.append(1 if j < len(ps) - 1 else 0)
+        arrive = np.array(times, dtype=np.int64).reshape(-1)
+        if arrive.size and (np.diff(arrive) < 0).any():
+            raise ValueError("arrive_ns must be sorted")
+        off = np.zeros(len(parts) + 1, dtype=np.int64)
+        off[1:] = np.cumsum([len(p) for p in parts]) if parts else []
+        data = np.frombuffer(b"".join(parts) + b"\0", dtype=np.uint8).copy()
+        mo = np.array(more + [0], dtype=np.uint8)
+        st = np.array(list(stalls), dtype=np.int64).reshape(-1, 2)
+        if st.shape[0] and ((np.diff(st[:, 0]) < 0).any() or (st[:, 1] < 0).any()):
+            raise ValueError("stalls must be sorted (at_ns, late_ns >= 0) pairs")
+        st_at = np.ascontiguousarray(st[:, 0]) if st.shape[0] else np.zeros(1, dtype=np.int64)
+        st_ns = np.ascontiguousarray(st[:, 1]) if st.shape[0] else np.zeros(1, dtype=np.int64)
+        self.out_stride = max(max_message_bytes, 1)
+        out = np.zeros(max(send_capacity, 1) * self.out_stride, dtype=np.uint8)
+        out_len = np.zeros(max(send_capacity, 1), dtype=np.int32)
+        self._keep = (arrive, off, data, mo, st_at, st_ns, out, out_len)
+        self.v.now = start_ns
+        self.v.read_cost_ns = read_cost_ns
+        self.v.reads = 0
+        self.v.stall_at = <const int64_t *> cnp.PyArray_DATA(st_at)
+        self.v.stall_ns = <const int64_t *> cnp.PyArray_DATA(st_ns)
+        self.v.n_stalls, self.v.i_stall = st.shape[0], 0
+        self.v.arrive = <const int64_t *> cnp.PyArray_DATA(arrive) if arrive.size else NULL
+        self.v.off = <const int64_t *> cnp.PyArray_DATA(off)
+        self.v.data = <const uint8_t *> cnp.PyArray_DATA(data)
+        self.v.more = <const uint8_t *> cnp.PyArray_DATA(mo)
+        self.v.n_frames, self.v.i_frame = len(parts), 0
+        self.v.last_more = 0
+        self.v.out = <uint8_t *> cnp.PyArray_DATA(out)
+        self.v.out_len = <int32_t *> cnp.PyArray_DATA(out_len)
+        self.v.out_cap, self.v.out_stride, self.v.n_sent = max(send_capacity, 1), self.out_stride, 0
+
+    @property
+    def now(self):
+        """The virtual clock (ns)."""
+        return self.v.now
+
+    @property
+    def n_sent(self):
+        return self.v.n_sent
+
+    @property
+    def frames_read(self):
+        """Message parts the loop took from the virtual socket."""
+        return self.v.i_frame
+
+    def sent(self):
+        """The published messages (bytes), in order (the first send_capacity)."""
+        out, out_len = self._keep[6], self._keep[7]
+        n = min(self.v.n_sent, self.v.out_cap)
+        if n and out_len[:n].max() > self.out_stride:
+            raise ValueError(f"a message was longer than max_message_bytes={self.out_stride}: raise it")
+        return [out[i * self.out_stride:i * self.out_stride + out_len[i]].tobytes() for i in range(n)]
+
+
 cdef class RtLoop:
-    """The cycle engine. Build once, call :meth:`run` once.
+    """The cycle engine. Build once, call :meth:`run` once (or :meth:`run_virtual`).
 
-    Parameters are plain numbers (validated by ``control_node.config``); socket
-    handles are pyzmq ``Socket.underlying`` addresses and ``fns`` maps libzmq
-    function names to addresses (``control_node.loop.libzmq.libzmq_functions``).
-    """
-    # policies: slot_pol[i] is a Policy (borrowed: _slot_refs[i] holds the reference); pol is the active
-    # one, the one pointer a switch exchanges. Each slot has its own safe action.
-    cdef void *pol
-    cdef void *slot_pol[MAX_POLICIES]
-    cdef int slot_safe_class[MAX_POLICIES]
-    cdef double *slot_safe                  # MAX_POLICIES x n_actions
-    cdef list _slot_refs
-    cdef readonly int active, previous, shadow
-    cdef readonly bint canary
-    # the request mailbox (control thread -> loop): fields first, then req_seq (release)
-    cdef int64_t req_seq, done_seq
-    cdef int req_kind, req_slot, req_result
-    # transitions (loop -> control thread): TR_CAP x TR_FIELDS records, tr_count published (release)
-    cdef int64_t *tr
-    cdef int64_t tr_count
-    # canary rules (control_node.config [rollout]); counts of the running canary
-    cdef public int64_t canary_ticks, canary_window, canary_budget_ns, canary_max_over
-    cdef public double canary_max_disagree, shadow_distance
-    cdef readonly int64_t canary_done, canary_over, window_ticks, window_disagree
-    # shadow: figures since it started, its output, the input and answer of this tick's inference
-    cdef readonly int64_t shadow_ticks, shadow_disagree, shadow_nonfinite, shadow_ns_max, shadow_ns_sum
-    cdef double *u_shadow
-    cdef const double *x_used
-    cdef int class_used, rc_used
-    cdef int8_t *r_policy
-    cdef uint8_t *r_shadow
-    cdef float *r_shadow_dist
-    cdef int64_t *r_shadow_ns
-    cdef void *sub
-    cdef void *pub
-    cdef zmq_recv_t z_recv
-    cdef zmq_send_t z_send
-    cdef zmq_getsockopt_t z_getsockopt
-    cdef zmq_errno_t z_errno
-    cdef zmq_poll_t z_poll
-    # settings
-    cdef public int64_t period_ns, deadline_ns, stale_after_ns, spin_ns, max_cycles, run_until_ns
-    cdef public int sensor_clock, catch_up_skip, safe_action, hold_last, n_features
-    # decimation: the policy runs on one tick in `decimation` (see _schedule); history: frames per input
-    cdef readonly int decimation, history, frame_width
-    cdef readonly bint history_newest_first
-    cdef bint infer_pending             # a policy tick came and the policy has not run since
-    cdef bint fresh                     # a valid frame arrived that the policy has not acted on
-    cdef int h_head, h_count            # history ring: slot of the newest frame, frames held (0: refill)
-    cdef uint64_t act_seq               # the frame the last inference acted on (published on hold ticks)
-    cdef int64_t act_tns
-    cdef bint act_have
-    # phase lock (timer clock): the schedule's offset, moved so frames land phase_margin_ns before the tick
-    cdef readonly bint phase_lock
-    cdef readonly int64_t phase_margin_ns, phase_max_slew_ns, phase_offset_ns
-    cdef readonly int64_t phase_shifts, phase_shift_abs_ns, phase_shift_max_ns, phase_error_ns
-    cdef readonly int64_t phase_early, phase_min_step_ns, phase_step_ns
-    cdef int phase_dir
-    cdef int64_t phase_run
-    cdef readonly bint continuous       # the policy's head: continuous (v2 actions) or argmax (v1)
-    cdef readonly int n_actions
-    cdef size_t rx_cap
-    # buffers
-    cdef object _keep
-    cdef uint8_t *rx
-    cdef uint8_t *tx                    # the encoded action, sized for the policy's message at init
-    cdef readonly size_t tx_cap
-    cdef double *x_cur
-    cdef double *x_new
-    cdef double *scratch
-    cdef double *x_in                   # the policy's input: history frames stacked (history > 1)
-    cdef double *h_ring                 # the last `history` frames acted on, frame_width each
-    # continuous policies: the policy's output, the last good action, the safe action (n_actions each)
-    cdef double *u_new
-    cdef double *u_last
-    cdef double *u_safe
-    cdef bint u_have_good
-    # counters (read by the diagnostics thread while running: benign races on int64)
-    cdef readonly int64_t cycles, deadline_misses, skipped_ticks, stale_cycles, safe_actions
-    cdef readonly int64_t superseded, frames_valid, send_failures, recv_errors, t0_ns, t_end_ns
-    cdef readonly int64_t inference_ticks
-    # recurrent policies: the state is zeroed at start and (reset_on_trip) when the watchdog trips
-    cdef public bint reset_on_trip
-    cdef readonly int64_t state_resets
-    cdef int64_t rejected[CN_N_REASONS]
-    cdef volatile int stop_flag
-    # ring of per-cycle records
-    cdef readonly int64_t capacity
-    cdef int64_t *r_cycle
-    cdef int64_t *r_tick
-    cdef int64_t *r_wake
-    cdef int64_t *r_recv
-    cdef int64_t *r_infer
-    cdef int64_t *r_pub
-    cdef int64_t *r_cycle_time
-    cdef int64_t *r_period
-    cdef int64_t *r_age
-    cdef uint8_t *r_flags
-    cdef int16_t *r_action
-    cdef uint64_t *r_seq
-    cdef int64_t *hist
-    cdef readonly object ring
-    cdef readonly object histograms
-    # continuous policies: the published action of each of the last action_capacity cycles (float32)
-    cdef readonly int64_t action_capacity
-    cdef readonly object action_ring
-    cdef float *r_u
+    ``config`` is a :class:`LoopConfig`; socket handles are pyzmq ``Socket.underlying`` addresses and
+    ``fns`` maps libzmq function names to addresses (``control_node.loop.libzmq.libzmq_functions``).
+    Without them the loop runs only virtually (:meth:`run_virtual`, tests)."""
 
-    def __init__(self, Policy policy, size_t sub_handle, size_t pub_handle, dict fns, *,
-                 int64_t period_ns, int64_t deadline_ns, int64_t stale_after_ns, int64_t spin_ns,
-                 int64_t max_cycles, bint sensor_clock, bint catch_up_skip, int safe_action, bint hold_last,
-                 size_t max_frame_bytes, int64_t ring_cycles, object safe_u=None, int64_t action_ring_cycles=0,
-                 int decimation=1, int history=1, bint history_newest_first=False, bint phase_lock=False,
-                 int64_t phase_margin_ns=100_000, bint reset_on_trip=True):
-        """safe_action/hold_last: argmax policies (a class index; hold = repeat the last class).
-        Continuous policies: ``safe_u`` is the safe action vector (n_actions finite floats; None: the
-        head's offset), ``hold_last`` publishes the last good action instead once there is one;
-        ``action_ring_cycles`` the cycles the action ring keeps (0: rundir.action_ring_capacity).
-        ``decimation``: the policy runs on one tick in N (timer clock; _schedule); ``history``: frames of
-        n_features / history each stacked into the policy's input, oldest first unless history_newest_first."""
+    def __init__(self, Policy policy, config, size_t sub_handle=0, size_t pub_handle=0, dict fns=None):
+        cdef int64_t period_ns = config.period_ns
+        cdef bint sensor_clock = config.sensor_clock
+        cdef int decimation = config.decimation, history = config.history
+        safe_u = config.safe_u
         self.pol = <void *> policy
         self._slot_refs = [None] * MAX_POLICIES
         self._slot_refs[0] = policy
         cdef int i
         for i in range(MAX_POLICIES):
             self.slot_pol[i] = NULL
-            self.slot_safe_class[i] = safe_action
         self.slot_pol[0] = self.pol
         self.active, self.previous, self.shadow, self.canary = 0, -1, -1, False
         self.req_seq = self.done_seq = 0
@@ -304,9 +303,9 @@ cdef class RtLoop:
         self.canary_max_disagree, self.shadow_distance = 0.2, 0.1
         self.canary_done = self.canary_over = self.window_ticks = self.window_disagree = 0
         self.shadow_ticks = self.shadow_disagree = self.shadow_nonfinite = self.shadow_ns_max = self.shadow_ns_sum = 0
-        self.class_used = self.rc_used = -1
+        self.rc_used = -1
         self.x_used = NULL
-        self.reset_on_trip = reset_on_trip
+        self.reset_on_trip = config.reset_on_trip
         self.state_resets = 0
         self.n_features = policy.n_features
         if decimation < 1 or (decimation > 1 and sensor_clock):
@@ -315,14 +314,14 @@ cdef class RtLoop:
             raise ValueError(f"history must divide the policy's {self.n_features} inputs; got {history}")
         self.decimation, self.history = decimation, history
         self.frame_width = self.n_features // history
-        self.history_newest_first = history_newest_first
+        self.history_newest_first = config.history_newest_first
         self.infer_pending, self.fresh = True, False
         self.h_head, self.h_count = 0, 0
         self.act_seq, self.act_tns, self.act_have = 0, -1, False
         self.inference_ticks = 0
-        if phase_lock and (sensor_clock or not 0 < phase_margin_ns < period_ns // 2):     # (off: not used)
+        if config.phase_lock and (sensor_clock or not 0 < config.phase_margin_ns < period_ns // 2):
             raise ValueError("phase lock needs the timer clock and a margin below half a period")
-        self.phase_lock, self.phase_margin_ns = phase_lock, phase_margin_ns
+        self.phase_lock, self.phase_margin_ns = config.phase_lock, config.phase_margin_ns
         self.phase_max_slew_ns = max(<int64_t> 1, period_ns // 100)
         self.phase_offset_ns = self.phase_shifts = self.phase_shift_abs_ns = self.phase_shift_max_ns = 0
         self.phase_error_ns = self.phase_early = 0
@@ -340,36 +339,44 @@ cdef class RtLoop:
             if su.shape[0] != self.n_actions or not np.isfinite(su).all():
                 raise ValueError(f"safe_u must be {self.n_actions} finite floats; got {su.tolist()}")
             self.tx_cap = cn_action_u_bytes(self.n_actions)
+            self.uw = self.n_actions
         else:
             if safe_u is not None:
                 raise ValueError("safe_u is for continuous policies; an argmax policy takes safe_action")
-            su = np.zeros(1)
+            su = np.array([config.safe_action], dtype=np.float64)      # the action: a width-1 class
             self.tx_cap = CN_ACTION_BYTES
+            self.uw = 1
         tx = np.zeros(self.tx_cap, dtype=np.uint8)
         self.tx = <uint8_t *> cnp.PyArray_DATA(tx)
-        cdef int uw = max(self.n_actions, 1)
+        cdef int uw = self.uw
         us = np.zeros((3, uw), dtype=np.float64)         # u_new, u_last, u_shadow
         self.u_new = <double *> cnp.PyArray_DATA(us)
         self.u_last = self.u_new + uw
         self.u_shadow = self.u_last + uw
         slot_safe = np.zeros((MAX_POLICIES, uw), dtype=np.float64)
-        slot_safe[0, :su.shape[0]] = su
+        slot_safe[:, :] = su[None, :] if not self.continuous else 0.0
+        slot_safe[0, :] = su
         self.slot_safe = <double *> cnp.PyArray_DATA(slot_safe)
         self.u_safe = self.slot_safe
         self.u_have_good = False
         tr = np.zeros((TR_CAP, TR_FIELDS), dtype=np.int64)
         self.tr = <int64_t *> cnp.PyArray_DATA(tr)
-        self.sub = <void *> sub_handle
-        self.pub = <void *> pub_handle
-        self.z_recv = <zmq_recv_t> <size_t> fns["zmq_recv"]
-        self.z_send = <zmq_send_t> <size_t> fns["zmq_send"]
-        self.z_getsockopt = <zmq_getsockopt_t> <size_t> fns["zmq_getsockopt"]
-        self.z_errno = <zmq_errno_t> <size_t> fns["zmq_errno"]
-        self.z_poll = <zmq_poll_t> <size_t> fns["zmq_poll"]
-        self.period_ns, self.deadline_ns, self.stale_after_ns = period_ns, deadline_ns, stale_after_ns
-        self.spin_ns, self.max_cycles = spin_ns, max_cycles
-        self.sensor_clock, self.catch_up_skip = sensor_clock, catch_up_skip
-        self.safe_action, self.hold_last = safe_action, hold_last
+        self.has_sockets = fns is not None
+        if self.has_sockets:
+            self.sub = <void *> sub_handle
+            self.pub = <void *> pub_handle
+            self.z_recv = <zmq_recv_t> <size_t> fns["zmq_recv"]
+            self.z_send = <zmq_send_t> <size_t> fns["zmq_send"]
+            self.z_getsockopt = <zmq_getsockopt_t> <size_t> fns["zmq_getsockopt"]
+            self.z_errno = <zmq_errno_t> <size_t> fns["zmq_errno"]
+            self.z_poll = <zmq_poll_t> <size_t> fns["zmq_poll"]
+        self.vio = NULL
+        self.period_ns, self.deadline_ns = period_ns, config.deadline_ns
+        self.stale_after_ns = config.stale_after_ns
+        self.spin_ns, self.max_cycles = config.spin_ns, config.max_cycles
+        self.sensor_clock, self.catch_up_skip = sensor_clock, config.catch_up_skip
+        self.hold_last = config.hold_last
+        cdef size_t max_frame_bytes = config.max_frame_bytes
         self.rx_cap = max_frame_bytes
         self.run_until_ns = 0
         # +1 byte: a frame that fills rx_cap + 1 is known to be oversized
@@ -382,9 +389,8 @@ cdef class RtLoop:
         self.scratch = self.x_new + self.frame_width
         self.x_in = <double *> cnp.PyArray_DATA(xh)
         self.h_ring = self.x_in + self.n_features
-        self.capacity = max(ring_cycles, 1)
-        n = self.capacity
-        ring = rundir.new_ring(n)
+        self.capacity = max(<int64_t> config.ring_cycles, 1)
+        ring = rundir.new_ring(self.capacity)
         self.ring = ring
         self.histograms = np.zeros((N_HIST, CN_HIST_BUCKETS), dtype=np.int64)
         self.hist = <int64_t *> cnp.PyArray_DATA(self.histograms)
@@ -403,7 +409,7 @@ cdef class RtLoop:
         if self.continuous:
             # never more than rundir.ACTION_RING_MAX_BYTES, whatever is asked for
             self.action_capacity = rundir.action_ring_capacity(
-                action_ring_cycles if action_ring_cycles > 0 else self.capacity, self.n_actions)
+                config.action_ring_cycles if config.action_ring_cycles > 0 else self.capacity, self.n_actions)
             self.action_ring = rundir.new_action_ring(self.action_capacity, self.n_actions)
             self.r_u = <float *> cnp.PyArray_DATA(self.action_ring)
         else:
@@ -415,8 +421,15 @@ cdef class RtLoop:
         self.r_shadow_dist = <float *> cnp.PyArray_DATA(ring["shadow_dist"])
         self.r_shadow_ns = <int64_t *> cnp.PyArray_DATA(ring["shadow_ns"])
         self._keep = (rx, xs, xh, tx, us, slot_safe, tr)
-        for i in range(CN_N_REASONS):
+        for i in range(CN_N_REASONS_CAP):
             self.rejected[i] = 0
+        self._reset_driver()
+
+    def _reset_driver(self):
+        """The drivers' state at the start of a run: no frame yet, stale, tick 0."""
+        self.k = self.next_due = self.prev_wake = 0
+        self.seq, self.tns, self.last_rx = 0, -1, 0
+        self.have_seq, self.stale_state, self.last_safe = False, True, True
 
     # ------------------------------------------------------------------ control
     def request_stop(self):
@@ -434,14 +447,15 @@ cdef class RtLoop:
         if policy.n_features != self.n_features or policy.n_actions != self.n_actions \
                 or policy.continuous != self.continuous:
             raise ValueError("the policy's widths or head differ from the loop's")
-        cdef int j, uw = max(self.n_actions, 1)
+        cdef int j
         if self.continuous:
             su = np.array(policy.spec.action_offset if safe_u is None else safe_u, dtype=np.float64).reshape(-1)
             if su.shape[0] != self.n_actions or not np.isfinite(su).all():
                 raise ValueError(f"safe_u must be {self.n_actions} finite floats; got {su.tolist()}")
             for j in range(self.n_actions):
-                self.slot_safe[slot * uw + j] = su[j]
-        self.slot_safe_class[slot] = safe_class
+                self.slot_safe[slot * self.uw + j] = su[j]
+        else:
+            self.slot_safe[slot] = safe_class
         self._slot_refs[slot] = policy
         self.slot_pol[slot] = <void *> policy
 
@@ -523,6 +537,11 @@ cdef class RtLoop:
             return None
         return np.array([self.u_safe[j] for j in range(self.n_actions)], dtype=np.float64)
 
+    @property
+    def safe_action(self):
+        """The active slot's safe class (argmax policies), else None."""
+        return None if self.continuous else int(self.u_safe[0])
+
     def rejected_counts(self):
         """Rejected frames by reason (dict reason -> count)."""
         return {REASONS[i]: self.rejected[i] for i in range(1, CN_N_REASONS)}
@@ -532,11 +551,9 @@ cdef class RtLoop:
 
         t0_ns: the first tick (CLOCK_MONOTONIC ns); 0 means one period from now.
         """
-        if t0_ns == 0:
-            t0_ns = now_ns() + self.period_ns
-        self.t0_ns = t0_ns
-        self.run_until_ns = run_until_ns
-        (<Policy> self.pol).reset_ptr()          # a recurrent policy starts from zero state (no-op otherwise)
+        if not self.has_sockets:
+            raise RuntimeError("this RtLoop was built without sockets: it runs only with run_virtual")
+        self._start(t0_ns, run_until_ns)
         with nogil:
             if self.sensor_clock:
                 self._run_sensor_clock()
@@ -544,17 +561,134 @@ cdef class RtLoop:
                 self._run_timer_clock()
         self.t_end_ns = now_ns()
 
-    # ------------------------------------------------------------------ hot path
-    cdef inline int _drain(self, uint64_t *seq_io, int64_t *tns_out, bint *have_seq,
-                           bint accept_any_seq) noexcept nogil:
-        """Read every waiting frame; keep the newest valid one in x_cur. Returns 1 if one
-        was accepted, plus 2 if any was rejected. seq_io holds the last accepted seq (uint64,
-        compared unsigned: no frame can pass by wrapping); accept_any_seq lifts that rule
-        after the watchdog tripped, so a restarted sender may start again from 0."""
+    def _start(self, int64_t t0_ns, int64_t run_until_ns):
+        if t0_ns == 0:
+            t0_ns = self._now() + self.period_ns
+        self.t0_ns = t0_ns
+        self.run_until_ns = run_until_ns
+        self._reset_driver()
+        (<Policy> self.pol).reset_ptr()          # a recurrent policy starts from zero state (no-op otherwise)
+
+    def run_virtual(self, VirtualIO io, int64_t t0_ns=0, int64_t run_until_ns=0):
+        """Run the real drivers and the real cycle on ``io``'s virtual clock and sockets (tests): as
+        :meth:`run`, with t0_ns 0 meaning one period after ``io.now``. The sensor clock needs run_until_ns
+        (its virtual socket never stops by itself); spin_ns must be 0 (a virtual clock does not move while
+        spinning unless read_cost_ns > 0)."""
+        if self.sensor_clock and run_until_ns <= 0:
+            raise ValueError("a virtual run of the sensor clock needs run_until_ns")
+        if self.spin_ns and io.v.read_cost_ns <= 0:
+            raise ValueError("a virtual run with spin_ns > 0 needs read_cost_ns > 0")
+        if not self.sensor_clock and self.max_cycles <= 0 and run_until_ns <= 0:
+            raise ValueError("a virtual run needs max_cycles or run_until_ns")
+        # the real sockets, put back after (C locals: a Python tuple would stay on its free list)
+        cdef void *sub = self.sub
+        cdef void *pub = self.pub
+        cdef zmq_recv_t z_recv = self.z_recv
+        cdef zmq_send_t z_send = self.z_send
+        cdef zmq_getsockopt_t z_getsockopt = self.z_getsockopt
+        cdef zmq_errno_t z_errno = self.z_errno
+        cdef zmq_poll_t z_poll = self.z_poll
+        self.vio = &io.v
+        self.sub = self.pub = <void *> &io.v
+        self.z_recv, self.z_send, self.z_getsockopt = cn_vio_recv, cn_vio_send, cn_vio_getsockopt
+        self.z_errno, self.z_poll = cn_vio_errno, cn_vio_poll
+        try:
+            self._start(t0_ns, run_until_ns)
+            with nogil:
+                if self.sensor_clock:
+                    self._run_sensor_clock()
+                else:
+                    self._run_timer_clock()
+            self.t_end_ns = self._now()
+        finally:
+            self.vio = NULL
+            self.sub, self.pub, self.z_recv, self.z_send = sub, pub, z_recv, z_send
+            self.z_getsockopt, self.z_errno, self.z_poll = z_getsockopt, z_errno, z_poll
+
+    # ------------------------------------------------------------------ the clock
+    cdef inline int64_t _now(self) noexcept nogil:
+        if self.vio != NULL:
+            return cn_vio_now(self.vio)
+        return now_ns()
+
+    cdef inline void _sleep_until(self, int64_t t) noexcept nogil:
+        if self.vio != NULL:
+            cn_vio_sleep_until(self.vio, t)
+        else:
+            sleep_until(t)
+
+    cdef inline int64_t _wait_until(self, int64_t t) noexcept nogil:
+        """Sleep to spin_ns before ``t``, then spin to it: sleeping alone wakes 50-80 us late (timer slack,
+        idle exit); spinning alone gets SCHED_FIFO throttled. Returns the wake time."""
+        cdef int64_t now = self._now()
+        if t - now > self.spin_ns:
+            self._sleep_until(t - self.spin_ns)
+        now = self._now()
+        while now < t:
+            now = self._now()
+        return now
+
+    # ------------------------------------------------------------------ the drivers: wait and drain
+    cdef void _run_timer_clock(self) noexcept nogil:
+        cdef int64_t tick, t_wake
+        cdef int got
+        cdef bint early = False, mid = False
+        cdef cn_pollitem_t probe
+        probe.socket = self.sub
+        probe.fd = 0
+        probe.events = ZMQ_POLLIN
+        while not self.stop_flag:
+            if self.max_cycles > 0 and self.cycles >= self.max_cycles:
+                break
+            tick = self.t0_ns + self.k * self.period_ns + self.phase_offset_ns
+            if self.run_until_ns > 0 and tick >= self.run_until_ns:
+                break
+            if self.phase_lock:
+                # two probes: is a frame in the socket half a period before the tick (it came just after
+                # the last tick: the schedule is early, move later), or only phase_margin_ns before it
+                # (it came early enough: move earlier), or not even then (late: move later)?
+                if tick - self.period_ns // 2 > self._now():
+                    self._sleep_until(tick - self.period_ns // 2)        # no spin: a coarse probe
+                probe.revents = 0
+                mid = self.z_poll(&probe, 1, 0) > 0
+                self._wait_until(tick - self.phase_margin_ns)
+                probe.revents = 0
+                early = (not mid) and self.z_poll(&probe, 1, 0) > 0
+            t_wake = self._wait_until(tick)
+            got = self._drain()
+            self.cycle(t_wake, got, early)
+
+    cdef void _run_sensor_clock(self) noexcept nogil:
+        """One cycle per frame arrival; the safe action every stale_after while none comes."""
+        cdef cn_pollitem_t item
+        cdef int64_t t_wake
+        cdef int got, rc
+        cdef long timeout_ms = max(<long> 1, <long> (self.stale_after_ns // 1000000))
+        item.socket = self.sub
+        item.fd = 0
+        item.events = ZMQ_POLLIN
+        while not self.stop_flag:
+            if self.run_until_ns > 0 and self._now() >= self.run_until_ns:
+                break
+            self._apply_request()
+            item.revents = 0
+            rc = self.z_poll(&item, 1, timeout_ms)
+            t_wake = self._now()
+            got = self._drain() if rc > 0 else 0
+            if not (got & 1) and self.last_rx != 0 and t_wake - self.last_rx <= self.stale_after_ns:
+                continue        # nothing valid to answer and not stale yet
+            self.cycle(t_wake, got, False)
+
+    cdef inline int _drain(self) noexcept nogil:
+        """Read every waiting frame; keep the newest valid one in x_cur (its seq / t_ns in seq / tns).
+        Returns 1 if one was accepted, plus 2 if any was rejected. seq holds the last accepted seq
+        (uint64, compared unsigned: no frame can pass by wrapping); after the watchdog tripped
+        (stale_state) any seq is accepted, so a restarted sender may start again from 0."""
         cdef int n, reason, more, got = 0, rej = 0
         cdef size_t more_len
         cdef uint64_t seq
         cdef int64_t tns
+        cdef bint accept_any_seq = self.stale_state
         while True:
             n = self.z_recv(self.sub, self.rx, self.rx_cap + 1, ZMQ_DONTWAIT)
             if n < 0:
@@ -575,7 +709,7 @@ cdef class RtLoop:
                 reason = CN_OVERSIZED
             else:
                 reason = cn_decode_frame(self.rx, n, self.frame_width, self.scratch, self.x_new, &seq, &tns)
-                if reason == CN_OK and have_seq[0] and not accept_any_seq and seq <= seq_io[0]:
+                if reason == CN_OK and self.have_seq and not accept_any_seq and seq <= self.seq:
                     reason = CN_SEQ_NOT_INCREASING
             if reason != CN_OK:
                 self.rejected[reason] += 1
@@ -586,34 +720,239 @@ cdef class RtLoop:
             got = 1
             self.frames_valid += 1
             memcpy(self.x_cur, self.x_new, sizeof(double) * self.frame_width)
-            seq_io[0] = seq
-            have_seq[0] = True
+            self.seq = seq
+            self.have_seq = True
             accept_any_seq = False
-            tns_out[0] = tns
+            self.tns = tns
         return got | rej
 
-    cdef inline void _publish(self, uint64_t seq, bint have_seq, int64_t tns, int action, bint safe) noexcept nogil:
-        cdef size_t n = cn_encode_action(self.tx, seq, have_seq, tns, <uint64_t> self.cycles, action, safe)
-        if self.z_send(self.pub, self.tx, n, ZMQ_DONTWAIT) < 0:
-            self.send_failures += 1
-        if safe:
-            self.safe_actions += 1
+    # ------------------------------------------------------------------ the cycle
+    cdef void cycle(self, int64_t t_wake, int got, bint early) noexcept nogil:
+        """One cycle after the wait and the drain, at ``t_wake`` (the clock after the wait): ``got`` is the
+        drain's result (1: a valid frame, now in x_cur / seq / tns; +2: a frame was rejected), ``early``
+        the phase-lock probe's answer. Timer clock: the tick is the schedule's (t0 + k * period + phase
+        offset), the policy tick the first at or after each multiple of decimation (skipped ticks too);
+        then decide, publish, record, the phase step, a posted switch, and (catch_up_skip) every tick
+        that already passed is skipped and counted a miss. Sensor clock: the frame's arrival is the tick."""
+        cdef int64_t tick, wake_lat, period, now, k_next
+        cdef bint due
+        if self.sensor_clock:
+            period = t_wake - self.prev_wake if self.prev_wake else 0
+            self.prev_wake = t_wake
+            self._act(t_wake, -1, t_wake, period, got, True)   # no wake-up lateness to measure
+            return
+        tick = self.t0_ns + self.k * self.period_ns + self.phase_offset_ns
+        wake_lat = t_wake - tick
+        period = t_wake - self.prev_wake if self.prev_wake else self.period_ns
+        self.prev_wake = t_wake
+        due = self.k >= self.next_due
+        if due:
+            self.next_due = (self.k // self.decimation + 1) * self.decimation
+        self._act(tick, wake_lat, t_wake, period, got, due)
+        if self.phase_lock and (got & 1) and self.tns >= 0:
+            self._phase_step(tick, self.tns, early)
+        self.k += 1
+        self._apply_request()           # a switch happens here, between two cycles
+        if self.catch_up_skip:
+            now = self._now()
+            k_next = (now - self.t0_ns - self.phase_offset_ns) // self.period_ns + 1
+            if k_next > self.k + 1:
+                self.skipped_ticks += k_next - self.k - 1
+                self.deadline_misses += k_next - self.k - 1
+                self.k = k_next - 1
 
-    cdef inline void _publish_u(self, uint64_t seq, bint have_seq, int64_t tns, const double *u,
-                                bint safe) noexcept nogil:
-        cdef size_t n = cn_encode_action_u(self.tx, seq, have_seq, tns, <uint64_t> self.cycles, u, self.n_actions,
-                                           safe)
-        if self.z_send(self.pub, self.tx, n, ZMQ_DONTWAIT) < 0:
-            self.send_failures += 1
-        if safe:
-            self.safe_actions += 1
-
-    cdef inline void _record_u(self, const double *u) noexcept nogil:
-        """The published action vector into the action ring (call before _record counts the cycle)."""
-        cdef float *row = self.r_u + (self.cycles % self.action_capacity) * self.n_actions
+    cdef inline void _act(self, int64_t tick, int64_t wake_lat, int64_t t_wake, int64_t period, int got,
+                          bint due) noexcept nogil:
+        """Decide (update), publish (write), then time and record. A cycle misses its deadline when it
+        publishes later than deadline_ns after ``tick``. The policy's answer (fresh or held) carries the
+        seq / t_ns of the frame it was computed from; a safe action those of the last valid frame."""
+        cdef uint8_t flags = FLAG_REJECTED if got & 2 else 0
+        cdef int64_t t_recv = self._now()
+        cdef const double *u = self._decide(got, due, t_wake, &flags)
+        cdef bint safe = flags & FLAG_SAFE
+        cdef int action
+        if self.continuous:
+            action = ACTION_SAFE if safe else ACTION_POLICY
+        else:
+            action = <int> u[0]
+        cdef int64_t t_infer = self._now()
+        cdef uint64_t seq = self.seq
+        cdef int64_t tns = self.tns
+        cdef bint have_seq = self.have_seq
+        if not safe:
+            seq, tns, have_seq = self.act_seq, self.act_tns, self.act_have
+        self._publish(seq, have_seq, tns, u, safe)
+        cdef int64_t t_pub = self._now()
+        if t_pub - tick > self.deadline_ns:
+            self.deadline_misses += 1
+            flags |= FLAG_MISS
+        if not have_seq:
+            flags |= FLAG_NO_FRAME_YET
+        cdef float *row
         cdef int j
-        for j in range(self.n_actions):
-            row[j] = <float> u[j]
+        if self.continuous:     # the published vector into the action ring
+            row = self.r_u + (self.cycles % self.action_capacity) * self.n_actions
+            for j in range(self.n_actions):
+                row[j] = <float> u[j]
+        self._record(tick, wake_lat, t_wake, t_recv, t_infer, t_pub, period,
+                     # input age only where the policy acted on a frame (not for safe actions)
+                     (t_wake - tns) if (tns >= 0 and not safe) else -1, flags, action, seq)
+        cdef int sh = SH_NONE
+        if flags & FLAG_INFER:
+            if self.shadow >= 0:        # after the publish: the shadow never delays or changes the action
+                sh = self._run_shadow()
+            if self.canary:
+                self._canary_tick(t_pub - t_wake, sh)
+
+    # ------------------------------------------------------------------ the decision
+    cdef inline bint _schedule(self, int got, bint due, int64_t t_wake, bint *stale_now,
+                               uint8_t *flags) noexcept nogil:
+        """Frame arrival, the watchdog and the policy's schedule: True when the policy runs this tick.
+
+        ``due``: this tick is a policy tick (the first tick at or after each multiple of decimation).
+        The policy runs on the first tick at or after a policy tick on which a valid frame it has not
+        acted on is held, so at most once per policy tick (tick 0 is one: at start, on the first frame).
+        The watchdog runs every tick, before that: ``stale_now`` (and FLAG_STALE) when no valid frame came
+        for stale_after. A trip empties the history and forgets a frame not acted on yet (it is older
+        than stale_after, so the policy never acts on it); the schedule is kept, so the first valid frame
+        after a trip is acted on at the first policy tick at or after it (at once when a policy tick
+        passed during the silence)."""
+        if due:
+            self.infer_pending = True
+        if got & 1:
+            self.last_rx = t_wake
+            self.stale_state = False
+            self.fresh = True
+        stale_now[0] = False
+        if self.last_rx == 0 or t_wake - self.last_rx > self.stale_after_ns:
+            if not self.stale_state:
+                self.h_count = 0
+                self.fresh = False
+                if self.reset_on_trip and (<Policy> self.pol).hidden_size > 0:
+                    (<Policy> self.pol).reset_ptr()     # an episode ends: the next frame starts from zero state
+                    self.state_resets += 1
+                if self.reset_on_trip and self.shadow >= 0:
+                    (<Policy> self.slot_pol[self.shadow]).reset_ptr()
+            self.stale_state = True
+            stale_now[0] = True
+            self.stale_cycles += 1
+            flags[0] |= FLAG_STALE
+        if self.infer_pending and self.fresh:
+            self.infer_pending = False
+            self.fresh = False
+            flags[0] |= FLAG_NEW_FRAME | FLAG_INFER
+            self.inference_ticks += 1
+            self.act_seq, self.act_tns, self.act_have = self.seq, self.tns, True
+            return True
+        return False
+
+    cdef inline double *_policy_input(self) noexcept nogil:
+        """The policy's input for this inference: x_cur (history 1), or x_cur pushed into the history
+        ring (an empty ring is filled with it: the missing slots repeat the first frame) and the ring
+        copied into x_in in the configured order."""
+        if self.history == 1:
+            return self.x_cur
+        cdef int n = self.history, w = self.frame_width, j, slot
+        cdef size_t fb = sizeof(double) * w
+        if self.h_count == 0:
+            for j in range(n):
+                memcpy(self.h_ring + j * w, self.x_cur, fb)
+            self.h_head = n - 1
+            self.h_count = 1
+        else:
+            self.h_head = (self.h_head + 1) % n
+            memcpy(self.h_ring + self.h_head * w, self.x_cur, fb)
+            if self.h_count < n:
+                self.h_count += 1
+        for j in range(n):
+            slot = (self.h_head - j + n) % n if self.history_newest_first else (self.h_head + 1 + j) % n
+            memcpy(self.x_in + j * w, self.h_ring + slot * w, fb)
+        return self.x_in
+
+    cdef inline int _infer(self, void *policy, const double *x, double *u) noexcept nogil:
+        """One inference into ``u``: the action vector (continuous), or the class in u[0] (argmax).
+        Returns < 0 when the output was not finite (u is then garbage)."""
+        cdef int c
+        if self.continuous:
+            return (<Policy> policy).act_ptr(x, u)
+        c = (<Policy> policy).predict_ptr(x)
+        u[0] = c
+        return c
+
+    cdef inline const double *_decide(self, int got, bint due, int64_t t_wake, uint8_t *flags) noexcept nogil:
+        """This cycle's action (uw values): the policy's on an inference tick, the held one, or the safe
+        one (FLAG_SAFE). A non-finite output never reaches u_last."""
+        cdef bint stale
+        cdef const double *x
+        cdef int rc
+        if self._schedule(got, due, t_wake, &stale, flags):
+            x = self._policy_input()
+            self.x_used = x
+            rc = self._infer(self.pol, x, self.u_new)
+            if rc < 0 and self.canary:      # the canary failed: the previous policy answers, this tick
+                self._canary_rollback(WHY_NON_FINITE)
+                rc = self._infer(self.pol, x, self.u_new)
+            self.rc_used = rc
+            if rc < 0:      # not finite: never publish garbage
+                self.rejected[CN_NON_FINITE_OUTPUT] += 1
+                self.last_safe = True
+            else:
+                memcpy(self.u_last, self.u_new, sizeof(double) * self.uw)
+                self.u_have_good = True
+                self.last_safe = False
+        if stale:
+            self.last_safe = True
+        if self.last_safe:
+            flags[0] |= FLAG_SAFE
+            return self.u_last if (self.hold_last and self.u_have_good) else self.u_safe
+        return self.u_last
+
+    cdef inline void _phase_step(self, int64_t tick, int64_t tns, bint early) noexcept nogil:
+        """Phase lock, after a tick that drained a new valid frame. ``early``: the frame was in the socket
+        at tick - phase_margin_ns but not yet at tick - period/2 (the probes). Early: the schedule moves
+        earlier by one step (frames waited longer than the margin); else (the frame came after tick -
+        margin, or already in the first half of the period, just after the previous tick) later by
+        PHASE_LATE_STEPS steps. So it settles where 1 frame in PHASE_LATE_STEPS + 1 comes later than
+        tick - margin: the margin holds for 90 % of the frames, whatever the transport's jitter. The step
+        (phase_min_step_ns, period / 2000) doubles every 16 cycles of a run longer than 32 in one
+        direction (acquiring a far phase), up to phase_max_slew_ns (1 % of a period) per cycle, and falls
+        back when the direction turns; ticks stay strictly increasing. phase_error_ns: tick - t_ns of the
+        frame minus the margin (the sender's stamp: one host only; recorded, not used)."""
+        self.phase_error_ns = tick - tns - self.phase_margin_ns
+        cdef int dirn = -1 if early else 1
+        if dirn == self.phase_dir:
+            self.phase_run += 1
+            if self.phase_run > 32 and self.phase_run % 16 == 0:
+                self.phase_step_ns = min(self.phase_step_ns * 2, self.phase_max_slew_ns)
+        else:
+            self.phase_run = 1
+            self.phase_step_ns = self.phase_min_step_ns
+        self.phase_dir = dirn
+        cdef int64_t mag = self.phase_step_ns if early else min(self.phase_step_ns * PHASE_LATE_STEPS,
+                                                                 self.phase_max_slew_ns)
+        self.phase_offset_ns += dirn * mag
+        self.phase_shifts += 1
+        if early:
+            self.phase_early += 1
+        self.phase_shift_abs_ns += mag
+        if mag > self.phase_shift_max_ns:
+            self.phase_shift_max_ns = mag
+        self.r_flags[(self.cycles - 1) % self.capacity] |= FLAG_PHASE_SHIFT
+
+    # ------------------------------------------------------------------ publish and record
+    cdef inline void _publish(self, uint64_t seq, bint have_seq, int64_t tns, const double *u,
+                              bint safe) noexcept nogil:
+        """Encode and send this cycle's action: protocol v2 (the vector) for a continuous policy, v1 (the
+        class in u[0]) for an argmax one."""
+        cdef size_t n
+        if self.continuous:
+            n = cn_encode_action_u(self.tx, seq, have_seq, tns, <uint64_t> self.cycles, u, self.n_actions, safe)
+        else:
+            n = cn_encode_action(self.tx, seq, have_seq, tns, <uint64_t> self.cycles, <int> u[0], safe)
+        if self.z_send(self.pub, self.tx, n, ZMQ_DONTWAIT) < 0:
+            self.send_failures += 1
+        if safe:
+            self.safe_actions += 1
 
     cdef inline void _record(self, int64_t tick, int64_t wake_lat, int64_t t_wake, int64_t t_recv,
                              int64_t t_infer, int64_t t_pub, int64_t period, int64_t age, uint8_t flags,
@@ -647,177 +986,12 @@ cdef class RtLoop:
         cn_hist_record(h + H_PERIOD * CN_HIST_BUCKETS, period)
         self.cycles += 1
 
-    cdef inline bint _schedule(self, int got, bint due, int64_t t_wake, int64_t *last_rx, bint *stale_state,
-                               bint *stale_now, uint64_t seq, int64_t tns, uint8_t *flags) noexcept nogil:
-        """Frame arrival, the watchdog and the policy's schedule: True when the policy runs this tick.
-
-        ``due``: this tick is a policy tick (the first tick at or after each multiple of decimation).
-        The policy runs on the first tick at or after a policy tick on which a valid frame it has not
-        acted on is held, so at most once per policy tick (tick 0 is one: at start, on the first frame).
-        The watchdog runs every tick, before that: ``stale_now`` (and FLAG_STALE) when no valid frame came
-        for stale_after. A trip empties the history and forgets a frame not acted on yet (it is older
-        than stale_after, so the policy never acts on it); the schedule is kept, so the first valid frame
-        after a trip is acted on at the first policy tick at or after it (at once when a policy tick
-        passed during the silence)."""
-        if due:
-            self.infer_pending = True
-        if got & 1:
-            last_rx[0] = t_wake
-            stale_state[0] = False
-            self.fresh = True
-        stale_now[0] = False
-        if last_rx[0] == 0 or t_wake - last_rx[0] > self.stale_after_ns:
-            if not stale_state[0]:
-                self.h_count = 0
-                self.fresh = False
-                if self.reset_on_trip and (<Policy> self.pol).hidden_size > 0:
-                    (<Policy> self.pol).reset_ptr()     # an episode ends: the next frame starts from zero state
-                    self.state_resets += 1
-                if self.reset_on_trip and self.shadow >= 0:
-                    (<Policy> self.slot_pol[self.shadow]).reset_ptr()
-            stale_state[0] = True
-            stale_now[0] = True
-            self.stale_cycles += 1
-            flags[0] |= FLAG_STALE
-        if self.infer_pending and self.fresh:
-            self.infer_pending = False
-            self.fresh = False
-            flags[0] |= FLAG_NEW_FRAME | FLAG_INFER
-            self.inference_ticks += 1
-            self.act_seq, self.act_tns, self.act_have = seq, tns, True
-            return True
-        return False
-
-    cdef inline double *_policy_input(self) noexcept nogil:
-        """The policy's input for this inference: x_cur (history 1), or x_cur pushed into the history
-        ring (an empty ring is filled with it: the missing slots repeat the first frame) and the ring
-        copied into x_in in the configured order."""
-        if self.history == 1:
-            return self.x_cur
-        cdef int n = self.history, w = self.frame_width, j, slot
-        cdef size_t fb = sizeof(double) * w
-        if self.h_count == 0:
-            for j in range(n):
-                memcpy(self.h_ring + j * w, self.x_cur, fb)
-            self.h_head = n - 1
-            self.h_count = 1
-        else:
-            self.h_head = (self.h_head + 1) % n
-            memcpy(self.h_ring + self.h_head * w, self.x_cur, fb)
-            if self.h_count < n:
-                self.h_count += 1
-        for j in range(n):
-            slot = (self.h_head - j + n) % n if self.history_newest_first else (self.h_head + 1 + j) % n
-            memcpy(self.x_in + j * w, self.h_ring + slot * w, fb)
-        return self.x_in
-
-    cdef inline int _decide(self, int got, bint due, int64_t t_wake, int64_t *last_rx, int *last_action,
-                            bint *last_safe, bint *stale_state, uint8_t *flags, uint64_t seq,
-                            int64_t tns) noexcept nogil:
-        """This cycle's action: the policy's on an inference tick, the held one, or the safe one.
-        Sets FLAG_SAFE in flags when the safe action is chosen."""
-        cdef int a
-        cdef bint stale
-        cdef const double *x
-        if self._schedule(got, due, t_wake, last_rx, stale_state, &stale, seq, tns, flags):
-            x = self._policy_input()
-            self.x_used = x
-            a = (<Policy> self.pol).predict_ptr(x)
-            if a < 0 and self.canary:       # the canary failed: the previous policy answers, this tick
-                self._canary_rollback(WHY_NON_FINITE)
-                a = (<Policy> self.pol).predict_ptr(x)
-            self.class_used = a
-            if a < 0:       # logits overflowed: never publish garbage
-                self.rejected[CN_NON_FINITE_OUTPUT] += 1
-                last_safe[0] = True
-            else:
-                last_action[0] = a
-                last_safe[0] = False
-        if stale:
-            last_safe[0] = True
-        if last_safe[0]:
-            flags[0] |= FLAG_SAFE
-            return last_action[0] if (self.hold_last and last_action[0] >= 0) else self.safe_action
-        return last_action[0]
-
-    cdef inline const double *_decide_u(self, int got, bint due, int64_t t_wake, int64_t *last_rx,
-                                        bint *last_safe, bint *stale_state, uint8_t *flags, uint64_t seq,
-                                        int64_t tns) noexcept nogil:
-        """_decide for a continuous policy: the action vector to publish (the policy's on an inference
-        tick, the held one, or the safe one). A non-finite output never reaches u_last."""
-        cdef bint stale
-        cdef const double *x
-        cdef int rc
-        if self._schedule(got, due, t_wake, last_rx, stale_state, &stale, seq, tns, flags):
-            x = self._policy_input()
-            self.x_used = x
-            rc = (<Policy> self.pol).act_ptr(x, self.u_new)
-            if rc < 0 and self.canary:      # the canary failed: the previous policy answers, this tick
-                self._canary_rollback(WHY_NON_FINITE)
-                rc = (<Policy> self.pol).act_ptr(x, self.u_new)
-            self.rc_used = rc
-            if rc < 0:      # not finite: u_new is garbage
-                self.rejected[CN_NON_FINITE_OUTPUT] += 1
-                last_safe[0] = True
-            else:
-                memcpy(self.u_last, self.u_new, sizeof(double) * self.n_actions)
-                self.u_have_good = True
-                last_safe[0] = False
-        if stale:
-            last_safe[0] = True
-        if last_safe[0]:
-            flags[0] |= FLAG_SAFE
-            return self.u_last if (self.hold_last and self.u_have_good) else self.u_safe
-        return self.u_last
-
-    cdef inline void _cycle(self, int64_t tick, int64_t wake_lat, int64_t t_wake, int64_t period, int got,
-                            bint due, uint64_t seq, bint have_seq, int64_t tns, int64_t *last_rx, int *last_action,
-                            bint *last_safe, bint *stale_state) noexcept nogil:
-        """The cycle after the read: decide (update), publish (write), then time and record it.
-        A cycle misses its deadline when it publishes later than deadline_ns after ``tick``. The policy's
-        answer (fresh or held) carries the seq / t_ns of the frame it was computed from; a safe action
-        those of the last valid frame."""
-        cdef uint8_t flags = FLAG_REJECTED if got & 2 else 0
-        cdef int64_t t_recv = now_ns()
-        cdef int action
-        cdef const double *u = NULL
-        if self.continuous:
-            u = self._decide_u(got, due, t_wake, last_rx, last_safe, stale_state, &flags, seq, tns)
-            action = ACTION_SAFE if flags & FLAG_SAFE else ACTION_POLICY
-        else:
-            action = self._decide(got, due, t_wake, last_rx, last_action, last_safe, stale_state, &flags, seq, tns)
-        cdef int64_t t_infer = now_ns()
-        if not (flags & FLAG_SAFE):
-            seq, tns, have_seq = self.act_seq, self.act_tns, self.act_have
-        if self.continuous:
-            self._publish_u(seq, have_seq, tns, u, flags & FLAG_SAFE)
-        else:
-            self._publish(seq, have_seq, tns, action, flags & FLAG_SAFE)
-        cdef int64_t t_pub = now_ns()
-        if t_pub - tick > self.deadline_ns:
-            self.deadline_misses += 1
-            flags |= FLAG_MISS
-        if not have_seq:
-            flags |= FLAG_NO_FRAME_YET
-        if self.continuous:
-            self._record_u(u)
-        self._record(tick, wake_lat, t_wake, t_recv, t_infer, t_pub, period,
-                     # input age only where the policy acted on a frame (not for safe actions)
-                     (t_wake - tns) if (tns >= 0 and not (flags & FLAG_SAFE)) else -1, flags, action, seq)
-        cdef int sh = SH_NONE
-        if flags & FLAG_INFER:
-            if self.shadow >= 0:        # after the publish: the shadow never delays or changes the action
-                sh = self._run_shadow()
-            if self.canary:
-                self._canary_tick(t_pub - t_wake, sh)
-
-    # ------------------------------------------------------------------ lifecycle (loop thread)
+    # ------------------------------------------------------------------ slots, mailbox, canary, shadow
     cdef inline void _use(self, int slot) noexcept nogil:
         """Make ``slot`` the active policy: the pointer exchange, and its safe action."""
         self.pol = self.slot_pol[slot]
         self.active = slot
-        self.u_safe = self.slot_safe + slot * max(self.n_actions, 1)
-        self.safe_action = self.slot_safe_class[slot]
+        self.u_safe = self.slot_safe + slot * self.uw
 
     cdef void _transition(self, int kind, int slot, int from_slot, int why) noexcept nogil:
         """Record a transition; its cycle is the first one the new arrangement runs."""
@@ -827,7 +1001,7 @@ cdef class RtLoop:
         row[2] = slot
         row[3] = from_slot
         row[4] = why
-        row[5] = now_ns()
+        row[5] = self._now()
         row[6] = <int64_t> self.act_seq if self.act_have else -1
         cn_store_release(&self.tr_count, self.tr_count + 1)
 
@@ -892,30 +1066,25 @@ cdef class RtLoop:
 
     cdef int _run_shadow(self) noexcept nogil:
         """The shadow on this tick's input; its agreement with the active policy's answer into the ring
-        (cycle just recorded) and the running figures. Returns the SHADOW_CODES code."""
-        cdef void *sp = self.slot_pol[self.shadow]
-        cdef int64_t t0 = now_ns(), dt, i = (self.cycles - 1) % self.capacity
-        cdef int code, c, j
+        (cycle just recorded) and the running figures. Returns the SHADOW_CODES code. Argmax: agreement is
+        the same class (distance 0 or 1); continuous: the L2 distance within shadow_distance."""
+        cdef int64_t t0 = self._now(), dt, i = (self.cycles - 1) % self.capacity
+        cdef int code, j
         cdef double d = 0.0, e
-        if self.continuous:
-            if (<Policy> sp).act_ptr(self.x_used, self.u_shadow) < 0:
-                code, d = SH_NON_FINITE, -1.0
-            elif self.rc_used < 0:
-                code, d = SH_DISAGREE, -1.0         # the active answered nothing finite, the shadow did
-            else:
-                for j in range(self.n_actions):
-                    e = self.u_shadow[j] - self.u_new[j]
-                    d += e * e
-                d = sqrt(d)
-                code = SH_DISAGREE if d > self.shadow_distance else SH_AGREE
+        if self._infer(self.slot_pol[self.shadow], self.x_used, self.u_shadow) < 0:
+            code, d = SH_NON_FINITE, -1.0
+        elif not self.continuous:
+            code = SH_AGREE if self.u_shadow[0] == self.u_new[0] else SH_DISAGREE
+            d = 0.0 if code == SH_AGREE else 1.0
+        elif self.rc_used < 0:
+            code, d = SH_DISAGREE, -1.0         # the active answered nothing finite, the shadow did
         else:
-            c = (<Policy> sp).predict_ptr(self.x_used)
-            if c < 0:
-                code, d = SH_NON_FINITE, -1.0
-            else:
-                code = SH_AGREE if c == self.class_used else SH_DISAGREE
-                d = 0.0 if code == SH_AGREE else 1.0
-        dt = now_ns() - t0
+            for j in range(self.n_actions):
+                e = self.u_shadow[j] - self.u_new[j]
+                d += e * e
+            d = sqrt(d)
+            code = SH_DISAGREE if d > self.shadow_distance else SH_AGREE
+        dt = self._now() - t0
         self.shadow_ticks += 1
         if code != SH_AGREE:
             self.shadow_disagree += 1
@@ -951,129 +1120,6 @@ cdef class RtLoop:
             self.canary = False
             self.shadow = -1
             self._transition(TR_PROMOTE, self.active, self.previous, WHY_CANARY_PASSED)
-
-    cdef inline void _phase_step(self, int64_t tick, int64_t tns, bint early) noexcept nogil:
-        """Phase lock, after a tick that drained a new valid frame. ``early``: the frame was in the socket
-        at tick - phase_margin_ns but not yet at tick - period/2 (the probes). Early: the schedule moves
-        earlier by one step (frames waited longer than the margin); else (the frame came after tick -
-        margin, or already in the first half of the period, just after the previous tick) later by
-        PHASE_LATE_STEPS steps. So it settles where 1 frame in PHASE_LATE_STEPS + 1 comes later than
-        tick - margin: the margin holds for 90 % of the frames, whatever the transport's jitter. The step
-        (phase_min_step_ns, period / 2000) doubles every 16 cycles of a run longer than 32 in one
-        direction (acquiring a far phase), up to phase_max_slew_ns (1 % of a period) per cycle, and falls
-        back when the direction turns; ticks stay strictly increasing. phase_error_ns: tick - t_ns of the
-        frame minus the margin (the sender's stamp: one host only; recorded, not used)."""
-        self.phase_error_ns = tick - tns - self.phase_margin_ns
-        cdef int dirn = -1 if early else 1
-        if dirn == self.phase_dir:
-            self.phase_run += 1
-            if self.phase_run > 32 and self.phase_run % 16 == 0:
-                self.phase_step_ns = min(self.phase_step_ns * 2, self.phase_max_slew_ns)
-        else:
-            self.phase_run = 1
-            self.phase_step_ns = self.phase_min_step_ns
-        self.phase_dir = dirn
-        cdef int64_t mag = self.phase_step_ns if early else min(self.phase_step_ns * PHASE_LATE_STEPS,
-                                                                 self.phase_max_slew_ns)
-        self.phase_offset_ns += dirn * mag
-        self.phase_shifts += 1
-        if early:
-            self.phase_early += 1
-        self.phase_shift_abs_ns += mag
-        if mag > self.phase_shift_max_ns:
-            self.phase_shift_max_ns = mag
-        self.r_flags[(self.cycles - 1) % self.capacity] |= FLAG_PHASE_SHIFT
-
-    cdef inline int64_t _wait_until(self, int64_t t) noexcept nogil:
-        """Sleep to spin_ns before ``t``, then spin to it: sleeping alone wakes 50-80 us late (timer slack,
-        idle exit); spinning alone gets SCHED_FIFO throttled. Returns the wake time."""
-        cdef int64_t now = now_ns()
-        if t - now > self.spin_ns:
-            sleep_until(t - self.spin_ns)
-        now = now_ns()
-        while now < t:
-            now = now_ns()
-        return now
-
-    cdef void _run_timer_clock(self) noexcept nogil:
-        cdef int64_t k = 0, tick, t_wake, prev_wake = 0, now, k_next, next_due = 0
-        cdef int64_t tns = -1, last_rx = 0, wake_lat, period
-        cdef uint64_t seq = 0
-        cdef bint have_seq = False, last_safe = True, stale_state = True
-        cdef int last_action = -1, got
-        cdef bint due, early = False, mid = False
-        cdef zmq_pollitem_t probe
-        probe.socket = self.sub
-        probe.fd = 0
-        probe.events = ZMQ_POLLIN
-        while not self.stop_flag:
-            if self.max_cycles > 0 and self.cycles >= self.max_cycles:
-                break
-            tick = self.t0_ns + k * self.period_ns + self.phase_offset_ns
-            if self.run_until_ns > 0 and tick >= self.run_until_ns:
-                break
-            if self.phase_lock:
-                # two probes: is a frame in the socket half a period before the tick (it came just after
-                # the last tick: the schedule is early, move later), or only phase_margin_ns before it
-                # (it came early enough: move earlier), or not even then (late: move later)?
-                if tick - self.period_ns // 2 > now_ns():
-                    sleep_until(tick - self.period_ns // 2)        # no spin: a coarse probe
-                probe.revents = 0
-                mid = self.z_poll(&probe, 1, 0) > 0
-                self._wait_until(tick - self.phase_margin_ns)
-                probe.revents = 0
-                early = (not mid) and self.z_poll(&probe, 1, 0) > 0
-            t_wake = self._wait_until(tick)
-            wake_lat = t_wake - tick
-            period = t_wake - prev_wake if prev_wake else self.period_ns
-            prev_wake = t_wake
-            got = self._drain(&seq, &tns, &have_seq, stale_state)
-            # a policy tick: the first tick at or after each multiple of decimation (skipped ticks too)
-            due = k >= next_due
-            if due:
-                next_due = (k // self.decimation + 1) * self.decimation
-            self._cycle(tick, wake_lat, t_wake, period, got, due, seq, have_seq, tns,
-                        &last_rx, &last_action, &last_safe, &stale_state)
-            if self.phase_lock and (got & 1) and tns >= 0:
-                self._phase_step(tick, tns, early)
-            k += 1
-            self._apply_request()           # a switch happens here, between two cycles
-            if self.catch_up_skip:
-                # every tick that already passed is skipped, and each one is a miss
-                now = now_ns()
-                k_next = (now - self.t0_ns - self.phase_offset_ns) // self.period_ns + 1
-                if k_next > k + 1:
-                    self.skipped_ticks += k_next - k - 1
-                    self.deadline_misses += k_next - k - 1
-                    k = k_next - 1
-
-    cdef void _run_sensor_clock(self) noexcept nogil:
-        """One cycle per frame arrival; the safe action every stale_after while none comes."""
-        cdef zmq_pollitem_t item
-        cdef int64_t t_wake, prev_wake = 0, period
-        cdef int64_t tns = -1, last_rx = 0
-        cdef uint64_t seq = 0
-        cdef bint have_seq = False, last_safe = True, stale_state = True
-        cdef int last_action = -1, got, rc
-        cdef long timeout_ms = max(<long> 1, <long> (self.stale_after_ns // 1000000))
-        item.socket = self.sub
-        item.fd = 0
-        item.events = ZMQ_POLLIN
-        while not self.stop_flag:
-            if self.run_until_ns > 0 and now_ns() >= self.run_until_ns:
-                break
-            self._apply_request()
-            item.revents = 0
-            rc = self.z_poll(&item, 1, timeout_ms)
-            t_wake = now_ns()
-            got = self._drain(&seq, &tns, &have_seq, stale_state) if rc > 0 else 0
-            if not (got & 1) and last_rx != 0 and t_wake - last_rx <= self.stale_after_ns:
-                continue        # nothing valid to answer and not stale yet
-            period = t_wake - prev_wake if prev_wake else 0
-            prev_wake = t_wake
-            # the frame's arrival is the tick: no wake-up lateness to measure
-            self._cycle(t_wake, -1, t_wake, period, got, True, seq, have_seq, tns,
-                        &last_rx, &last_action, &last_safe, &stale_state)
 
 
 def decode_frame(bytes frame, int n_features):
@@ -1153,4 +1199,5 @@ def compiled_constants():
     }
 
 
+assert CN_N_REASONS <= CN_N_REASONS_CAP, "frame_codec.h has more reasons than RtLoop counts"
 rundir.check_compiled(compiled_constants())   # a reordered C enum or ring field fails here, loudly
