@@ -9,7 +9,8 @@ Tiers, bottom up (a module may import its own tier and those below):
   loop                  the hot path: loop itself, rundir, errors, kernels
   node level            config, security, sockets, node, report, recording, monitor, launch
   sim, train, bench,    tools: never imported by the node level (train may use sim's dynamics);
-  bridge                rclpy (ROS 2) is imported only by the bridge and the ROS 2 simulator
+  bridge, live          rclpy (ROS 2) is imported only by the bridge and the ROS 2 simulator; foxglove
+                        (the live view's server) only by live
   cli, verbs            the composition root: the only code that imports sim, train and bench
 """
 from __future__ import annotations
@@ -21,7 +22,7 @@ import tomllib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-TOOLS = ("control_node.sim", "control_node.train", "control_node.bench", "control_node.bridge")
+TOOLS = ("control_node.sim", "control_node.train", "control_node.bench", "control_node.bridge", "control_node.live")
 ROOT_TIER = ("control_node.cli", "control_node.__main__", "control_node.verbs")
 LEAVES = ("control_node.errors", "control_node.rundir", "control_node.endpoints")
 HOT = "control_node.loop"
