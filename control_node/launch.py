@@ -289,7 +289,7 @@ def launch(config=None, duration=None, record=None, run_dir=None, ensure_model=N
     node_cmd += ["--run-dir", os.path.join(run_dir, "node"), *map(str, node_cfg.get("args", []))]
     children = [Child("node", node_cmd, bool(node_cfg.get("restart", False)), ready_prefix="ready ", env=env)]
     if foxglove is not None:
-        fx_cmd = py + ["live", "--config", config, "--listen", str(foxglove[0]), "--key", foxglove[1],
+        fx_cmd = py + ["live", "--config", config, "--listen", str(foxglove[0]), f"--key={foxglove[1]}",
                        "--model", os.path.abspath(model), *map(str, (ch.get("foxglove", {}) or {}).get("args", []))]
         children.append(Child("foxglove", fx_cmd, False, ready_prefix="foxglove listening", env=env))
     if use_record:

@@ -87,7 +87,7 @@ class LiveServer:
 
     @property
     def port(self) -> int:
-        return self.server.port()
+        return self.server.port
 
     def _channel(self, topic):
         c = self.channels.get(topic)

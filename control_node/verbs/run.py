@@ -37,7 +37,7 @@ def start_live(args, cfg, listen):
 
     from control_node.errors import UserError
     from control_node.loop.realtime import choose_cpu
-    cmd = [sys.executable, "-m", "control_node", "live", "--listen", listen[0], "--key", listen[1],
+    cmd = [sys.executable, "-m", "control_node", "live", "--listen", listen[0], f"--key={listen[1]}",
            "--model", os.path.abspath(args.model or cfg["node"]["model"])]
     if args.config:
         cmd += ["--config", args.config]
