@@ -111,9 +111,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if shutil.which("node") is None or not os.path.isdir(os.path.join(args.client, "node_modules", "@foxglove")):
         raise SystemExit(f"bench live needs node and `npm ci` in {args.client} (@foxglove/ws-protocol)")
-    try:
-        import foxglove  # noqa: F401
-    except ImportError:
+    import importlib.util
+    if importlib.util.find_spec("foxglove") is None:
         raise SystemExit("bench live needs the foxglove extra: pip install 'control-node[foxglove]'")
     info = machine_info()
     tmp = tempfile.mkdtemp(prefix="cn-bench-live-")

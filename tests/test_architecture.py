@@ -256,3 +256,22 @@ def test_a_node_module_importing_rclpy_fails_the_check():
     src = read_sources()
     src["control_node.node"] = (src["control_node.node"][0], src["control_node.node"][1] + "\nimport rclpy\n")
     assert "control_node.node" in ros_importers(src)
+
+
+def test_only_the_live_view_imports_foxglove():
+    """foxglove-sdk (an optional extra) is imported by control_node.live alone: never by the node."""
+    found = set()
+    for mod, (path, text) in read_sources().items():
+        if path.endswith(".pyx"):
+            continue
+        for node in ast.walk(ast.parse(text, path)):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+            if any(n.split(".")[0] == "foxglove" for n in names):
+                found.add(mod)
+    assert "control_node.live.server" in found                # the check sees the real importer
+    assert sorted(m for m in found if not _under(m, "control_node.live")) == []
+    graph = import_graph(read_sources())
+    node_level = [m for m in graph if not _under(m, (*TOOLS, *ROOT_TIER))]
+    for m in node_level:
+        assert not any(_under(d, "control_node.live") for d in graph[m]), m
