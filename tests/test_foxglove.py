@@ -205,45 +205,63 @@ def test_a_viewer_receives_every_channel_with_the_values_the_run_recorded(tmp_pa
     assert abs(offsets.pop() - (time.time_ns() - time.monotonic_ns())) < 5e9
 
 
+def kernel_queued(port):
+    """Bytes the kernel holds on the loopback TCP connections of ``port`` (send and receive queues, both
+    ends), from /proc/net/tcp."""
+    total = 0
+    with open("/proc/net/tcp") as f:
+        next(f)
+        for line in f:
+            cols = line.split()
+            local, remote, queues = cols[1], cols[2], cols[4]
+            if int(local.split(":")[1], 16) == port or int(remote.split(":")[1], 16) == port:
+                tx, rx = queues.split(":")
+                total += int(tx, 16) + int(rx, 16)
+    return total
+
+
 @needs_sdk
 @needs_client
 @pytest.mark.slow
 def test_a_viewer_that_never_reads_is_dropped_for_and_costs_the_node_nothing(tmp_path, pendulum_model):
-    """The viewer subscribes to everything, every message (--every 1), then never reads. By rule: the
-    server's memory grows by far less than it sent that viewer (it drops; the backlog is bounded), the
-    loop ran every cycle of its schedule, no action send failed, and the simulator lost no answers beyond
-    what a run without a viewer loses (none on a quiet machine: at most 1 %)."""
+    """The viewer subscribes to everything, every message (--every 1), then never reads. By rule, not by a
+    time bound: of what the live view owed it, more than the kernel's socket buffers hold was neither
+    delivered nor kept (the live view's memory grew by less than half of it: it dropped); the live view
+    still converted every frame the simulator sent (it never stalled, so nothing backed up towards the
+    node); the node's action sends never failed."""
     ep_dir = make_endpoint_dir()
     (port,) = free_tcp_ports(1)
-    cfg = write_config(tmp_path / "pendulum.toml", ep_dir, pendulum_model, duration=12, foxglove_args=("--every", "1"))
+    cfg = write_config(tmp_path / "pendulum.toml", ep_dir, pendulum_model, duration=20,
+                       foxglove_args=("--every", "1"))
     run_dir = tmp_path / "run"
     proc = start_launch(cfg, run_dir, "--foxglove", f"127.0.0.1:{port}")
     head = "".join(wait_for_line(proc, "foxglove listening"))
     live_pid = int(re.search(r"started foxglove \(pid (\d+)\)", head).group(1))
     head += "".join(wait_for_line(proc, "started sim"))
-    v = viewer(port, tmp_path / "stalled.json", 11, "--stall")
+    v = viewer(port, tmp_path / "stalled.json", 19, "--stall")
     live = psutil.Process(live_pid)
     time.sleep(3.0)
     rss0 = live.memory_info().rss
-    peak = rss0
+    peak, queued = rss0, 0
     while v.poll() is None:
         try:
             peak = max(peak, live.memory_info().rss)
         except psutil.NoSuchProcess:
             break
+        queued = max(queued, kernel_queued(port))
         time.sleep(0.2)
     rest = finish(proc)
     log = head + rest
     assert proc.returncode == 0, log
     sent = int(re.search(r"(\d+) bytes encoded for viewers", log).group(1))
-    assert sent > 20e6, log                  # the viewer was owed far more than socket buffers hold
-    assert peak - rss0 < sent / 4, (peak - rss0, sent)
-    summary, _ = rundir.read_node_run(run_dir / "node")
-    assert summary["cycles"] == int(summary["config"]["loop"]["rate_hz"] * summary["config"]["loop"]["duration_s"]) \
-        or summary["stop"]["signal"] is not None      # stopped by launch after the sim ended: every tick ran
-    assert summary["send_failures"] == 0
+    owed_beyond_kernel = sent - queued
+    assert owed_beyond_kernel > 1e6, (sent, queued, log)     # the viewer's queue overflowed for real
+    assert peak - rss0 < owed_beyond_kernel / 2, (peak - rss0, sent, queued)
     sim = json.loads((run_dir / "sim" / "summary.json").read_text())
-    assert sim["actions_lost"] <= 0.01 * sim["frames_sent"], sim
+    observed = int(re.search(r"/control_node/observation (\d+)", log).group(1))
+    assert observed >= 0.99 * sim["frames_sent"], (observed, sim["frames_sent"])
+    summary, _ = rundir.read_node_run(run_dir / "node")
+    assert summary["send_failures"] == 0 and summary["cycles"] > 0
 
 
 @needs_sdk
