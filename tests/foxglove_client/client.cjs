@@ -46,5 +46,7 @@ client.on("message", ({ subscriptionId, timestamp, data }) => {
 setTimeout(() => {
   fs.writeFileSync(out, JSON.stringify({ subprotocol: ws.protocol, serverInfo, channels: Object.values(channels),
                                          messages, errors }));
-  process.exit(0);
+  if (stall) process.exit(0);             // a stalled viewer just vanishes
+  ws.close();                             // a closing handshake, as a viewer closing its tab
+  setTimeout(() => process.exit(0), 500);
 }, Number(seconds) * 1000);
