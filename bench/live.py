@@ -97,7 +97,7 @@ def one_run(cfg, duration, run_dir, viewers, client_dir):
             "cycle_time_p99_us": float(np.percentile(ct, 99)) / 1e3,
             "wake_latency_p99_us": float(np.percentile(wake, 99)) / 1e3,
             "server_cpu_share": (cpu[0] / cpu[1]) if cpu and cpu[1] > 0 else None,
-            "viewer_messages": received if viewers else None}
+            "viewer_messages": received if viewers is not None else None}
 
 
 def main(argv=None) -> int:
