@@ -332,7 +332,7 @@ def launch(config=None, duration=None, record=None, run_dir=None, ensure_model=N
         d_restart = bool(sim_cfg.get("restart", False))
     if (use_record or foxglove is not None) and driver:
         d_cmd.append("--tap")
-    if foxglove is not None and driver == "sim" and sim_cfg.get("args", [None])[:1] == ["pendulum"]:
+    if (use_record or foxglove is not None) and driver == "sim" and sim_cfg.get("args", [None])[:1] == ["pendulum"]:
         d_cmd.append("--state")             # the pendulum's angle, velocity and torque: /sim/pendulum
     if driver:
         children.append(Child(driver, d_cmd, d_restart, env=env))

@@ -366,9 +366,9 @@ def test_export_writes_the_live_channels_for_the_layouts(tmp_path, pendulum_mode
     seen = {}
     with open(tmp_path / "out.mcap", "rb") as f:
         for schema, channel, msg in make_reader(f).iter_messages():
-            if channel.topic.startswith("/control_node/"):
+            if channel.topic in ch.TOPICS:
                 seen.setdefault(channel.topic, (json.loads(schema.data), []))[1].append(json.loads(msg.data))
-    assert {ch.OBSERVATION, ch.ACTION, ch.CYCLE} <= set(seen), sorted(seen)
+    assert {ch.OBSERVATION, ch.ACTION, ch.CYCLE, ch.SIM_PENDULUM} <= set(seen), sorted(seen)
     assert seen[ch.OBSERVATION][0] == ch.schema(ch.OBSERVATION, ["cos_theta", "sin_theta", "theta_dot"], ["torque"])
     assert seen[ch.ACTION][0] == ch.schema(ch.ACTION, ["cos_theta", "sin_theta", "theta_dot"], ["torque"])
     assert set(seen[ch.OBSERVATION][1][0]["x"]) == {"cos_theta", "sin_theta", "theta_dot"}
@@ -378,3 +378,8 @@ def test_export_writes_the_live_channels_for_the_layouts(tmp_path, pendulum_mode
     for m in seen[ch.CYCLE][1]:
         idx = [by_cycle[c] for c in range(m["cycle_first"], m["cycle_last"] + 1)]
         assert m["cycle_time_ns"]["max"] == int(cyc["cycle_time_ns"][idx].max())
+    sim = np.load(tmp_path / "run" / "sim" / "control.npz")          # the recorded physics state, exactly
+    for m in seen[ch.SIM_PENDULUM][1]:
+        assert m["step"] % 10 == 0
+        assert (m["angle"], m["velocity"], m["torque"]) == (
+            float(sim["theta"][m["step"]]), float(sim["omega"][m["step"]]), float(sim["u"][m["step"]]))

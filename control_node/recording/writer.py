@@ -35,7 +35,8 @@ def record(endpoints, out, duration=None, flush_interval=1.0, chunk_size=256 * 1
 
     ctx = zmq.Context.instance()
     socks = {}
-    for topic, key in TOPIC_ENDPOINTS.items():
+    recorded = {t: k for t, k in TOPIC_ENDPOINTS.items() if endpoints.get(k)}   # /sim/state: when named
+    for topic, key in recorded.items():
         s = ctx.socket(zmq.SUB)
         s.setsockopt(zmq.LINGER, 0)
         s.setsockopt(zmq.RCVHWM, 100000)
@@ -53,8 +54,8 @@ def record(endpoints, out, duration=None, flush_interval=1.0, chunk_size=256 * 1
     w.add_metadata("control-node", {k: str(v) for k, v in endpoints.items()})
     chan = {t: w.register_channel(topic=t, message_encoding=MESSAGE_ENCODING, schema_id=0,
                                   metadata={"endpoint": endpoints[k]})
-            for t, k in TOPIC_ENDPOINTS.items()}
-    counts = {t: 0 for t in TOPICS}
+            for t, k in recorded.items()}
+    counts = {t: 0 for t in TOPICS if t in recorded}
     poller = zmq.Poller()
     by_sock = {}
     for t, s in socks.items():

@@ -133,7 +133,7 @@ class LiveChannels:
             self.conv = self.ch.Converter(self.ch.offset_from_recording(log_time, d["t_ns"]), self.every,
                                           feature_names=self.names[0], action_names=self.names[1])
         conv = {"/sensor": self.conv.sensor, "/action": self.conv.action,
-                "/diagnostics": self.conv.diagnostics}.get(topic)
+                "/diagnostics": self.conv.diagnostics, "/sim/state": self.conv.sim_state}.get(topic)
         for t, msg, lt in (conv(d) if conv else []):
             if t not in self.chans:
                 sch = self.ch.schema(t, feature_names=self.conv.feature_names or (),
