@@ -142,6 +142,8 @@ class Converter:
         pol = m.get("policy") or {}
         if self.action_names is None and pol.get("action_names"):
             self.action_names = list(pol["action_names"])
+        if self.feature_names is None and pol.get("feature_names"):
+            self.feature_names = list(pol["feature_names"])
         t_snap = int(m.get("t_ns", 0)) + self.offset_ns
         self.phase_offset_ns = int(m.get("phase_offset_ns", self.phase_offset_ns))
         ring = m.get("ring") or {}
