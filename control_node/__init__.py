@@ -29,6 +29,8 @@ the bottom up; a module imports only its own tier and those below (tests/test_ar
 ``train/``                ``control_node.train``: training the policies.
 ``bench/``                ``control_node.bench``: benchmarks against peers, and the node-process harness
                           the tests share (``bench/harness.py``).
+``live/``                 ``control_node.live``: the live view, a Foxglove WebSocket server of the node's
+                          streams in a process of its own. A tool: never imported by the node.
 ``configs/``              ``control_node.configs``: the packaged default configs (importlib.resources).
 ``cli.py``, ``verbs/``    the composition root: one verb per module; the only code that imports
                           sim, train and bench.

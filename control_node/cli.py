@@ -10,7 +10,7 @@ import argparse
 import importlib
 import sys
 
-VERBS = ["run", "launch", "sim", "record", "replay", "export", "report", "top", "hz", "echo",
+VERBS = ["run", "launch", "sim", "record", "replay", "export", "report", "top", "hz", "echo", "live",
          "train", "import", "policy", "bench", "keys", "doctor", "bridge"]
 MODULES = {"import": "importer"}    # a verb that is a Python keyword lives in a module of another name
 

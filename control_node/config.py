@@ -104,6 +104,10 @@ SCHEMA = {
         "prometheus_allow_remote": (False, bool, "true or false (serve on a non-loopback address)"),
         "prometheus_linger_s": (0.0, _NUM, "seconds >= 0 the final metrics stay up after the loop ends"),
     },
+    # the live view (control_node.live, `launch --foxglove`): a Foxglove WebSocket server beside the node
+    "foxglove": {
+        "listen": ("", str, '"" (off) or "HOST:PORT", e.g. "127.0.0.1:8765"'),
+    },
     "stats": {
         "ring_cycles": (600000, int, "cycles >= 1000"),
         "diagnostics_hz": (10.0, _NUM, "Hz, 0.1 to 100"),
@@ -247,6 +251,10 @@ def validate(cfg: dict, path="(config)") -> None:
             bad("diagnostics.prometheus", 'serve on 127.0.0.1, or set [diagnostics] prometheus_allow_remote = true '
                 "(the metrics say how the robot's loop runs: firewall the port)",
                 f"binds the non-loopback address {m.group(1)!r}")
+    if cfg["foxglove"]["listen"]:
+        problem = listen_problem(cfg["foxglove"]["listen"])
+        if problem:
+            bad("foxglove.listen", 'use "HOST:PORT", e.g. "127.0.0.1:8765", or "" for off', problem)
     if cfg["diagnostics"]["prometheus_linger_s"] < 0:
         bad("diagnostics.prometheus_linger_s", "use 0 or more seconds")
     if not 1 <= cfg["diagnostics"]["attribution_events"] <= 100000:
@@ -312,6 +320,34 @@ def validate(cfg: dict, path="(config)") -> None:
     if len(set(eps.values())) != len(eps):
         bad("endpoints.sensor", "give sensor, action, diagnostics and control different endpoints",
             "two endpoints are the same")
+
+
+def listen_problem(value) -> str | None:
+    """What is wrong with a ``HOST:PORT`` to listen on (IPv6 as ``[::1]:PORT``), or None."""
+    import ipaddress
+    host, sep, port = str(value).strip().rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not sep or not host or not port.isdigit():
+        return f"{value!r} is not HOST:PORT"
+    if not 0 < int(port) < 65536:
+        return f"port {port} is not in 1-65535"
+    if host != "localhost":
+        try:
+            ipaddress.ip_address(host)
+        except ValueError:
+            return f"{host!r} is not an IP address (or localhost)"
+    return None
+
+
+def parse_listen(value, key: str) -> tuple[str, int]:
+    """``HOST:PORT`` -> (host, port); a UserError naming ``key`` (``--foxglove``, ``[foxglove] listen``)."""
+    from control_node.errors import UserError
+    problem = listen_problem(value)
+    if problem:
+        raise UserError(f"{key} = {value!r}: {problem}. Fix: an address and port such as \"127.0.0.1:8765\"")
+    host, _, port = str(value).strip().rpartition(":")
+    return host.strip("[]"), int(port)
 
 
 SPIN_AUTO_MAX_US = 150.0     # spin_us = "auto": this, or SPIN_AUTO_SHARE of the period when shorter

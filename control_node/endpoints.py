@@ -75,6 +75,12 @@ def derive_bridge_diagnostics(sensor_ep: str) -> str:
     return _beside_sensor(sensor_ep, "_bridge", 300, "set [endpoints] sensor")
 
 
+def derive_sim_state(sensor_ep: str) -> str:
+    """Where a simulator publishes its physical state for the live view (``/sim/pendulum``): ``<sensor ipc
+    path>_sim_state``, or the sensor's TCP port + 400."""
+    return _beside_sensor(sensor_ep, "_sim_state", 400, "set [endpoints] sensor")
+
+
 def tcp_host(endpoint: str) -> str | None:
     """The host part of a tcp:// endpoint (``tcp://HOST:PORT``, ``tcp://[v6]:PORT``), else None."""
     if not endpoint.startswith("tcp://"):

@@ -222,12 +222,42 @@ def _continuous(model) -> bool:
         return False        # the node refuses a bad model itself, naming the field
 
 
-def launch(config=None, duration=None, record=None, run_dir=None, ensure_model=None):
+DEFAULT_FOXGLOVE = "127.0.0.1:8765"
+
+
+def foxglove_listen(config, flag=None):
+    """Where the live view listens, as (value, key naming it), or None for no live view: ``flag`` (the
+    ``--foxglove`` value; "" when given without one: the config's [foxglove] listen, else the default),
+    else the config's ``[foxglove] listen`` ("" or absent: off). A malformed address is refused here,
+    before anything starts, naming the key."""
+    from control_node.config import listen_problem
+    from control_node.errors import UserError
+    raw = read_launch_config(config) if config else {}
+    listen = (raw.get("foxglove") or {}).get("listen", "")
+    if flag is not None and flag != "":
+        value, key = flag, "--foxglove"
+    elif listen:
+        value, key = listen, "[foxglove] listen"
+    elif flag == "":
+        value, key = DEFAULT_FOXGLOVE, "--foxglove"
+    else:
+        return None
+    problem = listen_problem(value)
+    if problem:
+        raise UserError(f"{key} = {value!r}: {problem}. Fix: an address and port such as \"{DEFAULT_FOXGLOVE}\"")
+    return value, key
+
+
+def launch(config=None, duration=None, record=None, run_dir=None, ensure_model=None, foxglove=None):
     """Run node + driver (+ recorder) from a launch config (default: the packaged demo.toml).
 
     ``ensure_model(path, task)``: called with the node's model path and ``[launch] train`` (the task that
     makes the model: "iris" or "pendulum", default "iris") before the node starts, when the config
-    does not give the node's own command (the CLI passes one that trains the iris policy if missing)."""
+    does not give the node's own command (the CLI passes one that trains the iris policy if missing).
+
+    ``foxglove``: (HOST:PORT, the key that named it) from :func:`foxglove_listen`: the live view
+    (``control-node live``) starts after the node, off its loop core, and the simulator publishes its
+    sensor tap and state stream for it."""
     from control_node.errors import UserError
     from control_node.config import client_endpoints as load_endpoints
     from control_node.endpoints import default_config
@@ -258,6 +288,10 @@ def launch(config=None, duration=None, record=None, run_dir=None, ensure_model=N
     node_cmd = list(node_cfg.get("command") or (py + ["run", "--config", config]))
     node_cmd += ["--run-dir", os.path.join(run_dir, "node"), *map(str, node_cfg.get("args", []))]
     children = [Child("node", node_cmd, bool(node_cfg.get("restart", False)), ready_prefix="ready ", env=env)]
+    if foxglove is not None:
+        fx_cmd = py + ["live", "--config", config, "--listen", str(foxglove[0]), f"--key={foxglove[1]}",
+                       "--model", os.path.abspath(model), *map(str, (ch.get("foxglove", {}) or {}).get("args", []))]
+        children.append(Child("foxglove", fx_cmd, False, ready_prefix="foxglove listening", env=env))
     if use_record:
         rc_cmd = py + ["record", "--config", config, "--out", os.path.join(run_dir, "record", "recording.mcap"),
                        *map(str, rec_cfg.get("args", []))]
@@ -296,8 +330,10 @@ def launch(config=None, duration=None, record=None, run_dir=None, ensure_model=N
             # a continuous policy: the sim streams its observation width and checks its actions
             d_cmd += ["--model", os.path.abspath(model)]
         d_restart = bool(sim_cfg.get("restart", False))
-    if use_record and driver:
+    if (use_record or foxglove is not None) and driver:
         d_cmd.append("--tap")
+    if (use_record or foxglove is not None) and driver == "sim" and sim_cfg.get("args", [None])[:1] == ["pendulum"]:
+        d_cmd.append("--state")             # the pendulum's angle, velocity and torque: /sim/pendulum
     if driver:
         children.append(Child(driver, d_cmd, d_restart, env=env))
 

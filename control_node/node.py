@@ -28,6 +28,10 @@ from control_node.errors import UserError
 from control_node.loop.realtime import leave_core, name_thread, rt_summary_line, setup_realtime
 
 STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
+# diagnostics "ring": the ring's records of each cycle since the last snapshot, for the live view
+# (control_node.live); at most STREAMED_MAX cycles a snapshot (a longer gap keeps the newest)
+STREAMED_FIELDS = ("cycle", "t_tick_ns", "wake_latency_ns", "cycle_time_ns", "input_age_ns", "flags", "seq")
+STREAMED_MAX = 4096
 
 
 def host_info() -> dict:
@@ -81,10 +85,17 @@ class Diagnostics(threading.Thread):
                 out[name] = None
         return out
 
+    def _cycles(self, start, end):
+        """Ring records of cycles [start, end) as lists (the newest STREAMED_MAX), read here, off the loop."""
+        loop = self.loop
+        start = max(start, end - min(loop.capacity - 1, STREAMED_MAX))
+        idx = np.arange(start, end) % loop.capacity
+        return {name: loop.ring[name][idx].tolist() for name in STREAMED_FIELDS}
+
     def run(self):
         name_thread("cn-diagnostics")
         leave_core(self.loop_cpu)
-        self._last = {"cycles": 0, "t": time.monotonic(), "misses": 0, "log": 0.0, "error_log": 0.0}
+        self._last = {"cycles": 0, "t": time.monotonic(), "misses": 0, "log": 0.0, "error_log": 0.0, "streamed": 0}
         while not self.finished.is_set():
             readable, _, _ = select.select([self.signal_fd], [], [], self.interval)
             if readable:
@@ -129,7 +140,11 @@ class Diagnostics(threading.Thread):
                     "cycle_time_ns": rundir.describe_hist(loop.histograms[1])},
             # the policy lifecycle: names, the shadow's counts, the last transitions (numbered "n")
             "lifecycle": self.lifecycle.brief() if self.lifecycle is not None else None,
+            # every cycle since the last snapshot (the newest record may be mid-write: one short of it)
+            "ring": self._cycles(last["streamed"], max(last["streamed"], cycles - 1)),
+            "phase_offset_ns": int(loop.phase_offset_ns),
         }
+        last["streamed"] = max(last["streamed"], cycles - 1)
         try:
             self.sock.send(self.packer.pack(msg), flags=1)   # NOBLOCK: a slow monitor loses snapshots
         except Exception:
@@ -148,6 +163,7 @@ def policy_info(policy, safe: dict) -> dict:
     kind = "continuous" if policy.continuous else "argmax"
     return {"kind": kind, "protocol": 2 if policy.continuous else 1, "n_features": int(policy.n_features),
             "n_actions": int(policy.n_actions), "action_names": list(policy.action_names),
+            "feature_names": [str(n) for n in policy.spec.feature_names],
             "classes": list(policy.classes) if not policy.continuous else [],
             # weight storage and its measured error (issue #24): a run always says what its weights were
             "weights": policy.weights, "weights_error": policy.weights_error,

@@ -42,7 +42,10 @@ class PendulumClient:
     """A PUB to the node's sensor endpoint and a SUB to its actions, driving the pendulum physics."""
 
     def __init__(self, endpoints, curve=None, rate_hz=1000.0, physics_hz=1000.0, delay_us=0.0, drop=0.0,
-                 noise=0.0, push_every_s=0.0, push=0.0, seed=0, handshake_timeout=10.0):
+                 noise=0.0, push_every_s=0.0, push=0.0, seed=0, handshake_timeout=10.0, tap=None, state=None):
+        """``tap``: bind a PUB there re-publishing every frame sent (the sensor tap, for record and the live
+        view); ``state``: bind a PUB there publishing each physics step's state ``{"step", "t_ns", "theta",
+        "omega", "u"}`` (the live view's /sim/pendulum). None: not published, nothing spent on it."""
         import zmq
 
         from control_node.security import configure_client
@@ -60,6 +63,9 @@ class PendulumClient:
         self.sub.setsockopt(zmq.SUBSCRIBE, b"")
         configure_client(self.sub, curve)
         self.sub.connect(endpoints["action"])
+        self.bound = []
+        self.tap = self._bind_pub(ctx, tap, "sensor tap")
+        self.state = self._bind_pub(ctx, state, "state stream")
         self.endpoints = endpoints
         self.rate_hz, self.physics_hz = float(rate_hz), float(physics_hz)
         self.delay_ns = int(delay_us * 1000)
@@ -69,9 +75,36 @@ class PendulumClient:
         self.handshake_timeout = handshake_timeout
         self.seed = seed
 
+    def _bind_pub(self, ctx, ep, what):
+        if not ep:
+            return None
+        from control_node.endpoints import ensure_ipc_dir
+        ensure_ipc_dir(ep)
+        s = ctx.socket(self.zmq.PUB)
+        s.setsockopt(self.zmq.LINGER, 0)
+        s.setsockopt(self.zmq.SNDHWM, 10000)     # a slow subscriber loses messages, never blocks the physics
+        try:
+            s.bind(ep)
+        except self.zmq.ZMQError as e:
+            s.close()
+            raise UserError(f"cannot bind the pendulum's {what} {ep}: {e}") from None
+        self.bound.append(ep)
+        return s
+
     def close(self):
+        from control_node.endpoints import ipc_path
         self.pub.close()
         self.sub.close()
+        for s in (self.tap, self.state):
+            if s is not None:
+                s.close()
+        for ep in self.bound:                  # the socket files we bound
+            p = ipc_path(ep)
+            if p and os.path.exists(p):
+                try:
+                    os.unlink(p)
+                except OSError:
+                    pass
 
     def _handshake(self, x0, stopper):
         """Send the first observation every 20 ms until an action answers one (ZeroMQ's slow joiner)."""
@@ -116,7 +149,8 @@ class PendulumClient:
         safe_ans = np.zeros(n_frames, dtype=bool)
         served = np.zeros(n_frames, dtype=bool)   # an action (of this frame or an older one) came after it
         last_f = -1
-        tr_t, tr_theta, tr_u = np.empty(n), np.empty(n), np.empty(n)
+        tr_t, tr_theta, tr_omega, tr_u = np.empty(n), np.empty(n), np.empty(n), np.empty(n)
+        tap, state, pack = self.tap, self.state, msgpack.packb
         tr_safe = np.zeros(n, dtype=bool)
         pending = []                           # (due ns, torque, safe)
         u_cmd, cmd_safe = 0.0, False
@@ -161,17 +195,27 @@ class PendulumClient:
                 else:
                     t_send[f] = time.monotonic_ns()
                     last_f = f
-                    self.pub.send(msgpack.packb({"seq": first_seq + f, "t_ns": int(t_send[f]), "x": obs}))
+                    raw = pack({"seq": first_seq + f, "t_ns": int(t_send[f]), "x": obs})
+                    self.pub.send(raw)
+                    if tap is not None:
+                        tap.send(raw, zmq.NOBLOCK)
             if push_steps and k and k % push_steps == 0:
                 omega = max(-P.MAX_SPEED, min(P.MAX_SPEED, omega + self.push))
             tr_t[k], tr_theta[k], tr_u[k], tr_safe[k] = k * dt, theta, max(-P.MAX_TORQUE, min(P.MAX_TORQUE, u_cmd)), cmd_safe
+            tr_omega[k] = omega
+            if state is not None:
+                try:
+                    state.send(pack({"step": k, "t_ns": now, "theta": theta, "omega": omega, "u": tr_u[k]}),
+                               zmq.NOBLOCK)
+                except zmq.Again:
+                    pass
             theta, omega = _rk4(theta, omega, u_cmd, dt)
             if stopper is not None and stopper.stop:
                 n = k + 1
                 break
         sent = t_send >= 0
         answered = sent & (t_ans >= 0)
-        return {"t_s": tr_t[:n], "theta": tr_theta[:n], "u": tr_u[:n], "safe": tr_safe[:n],
+        return {"t_s": tr_t[:n], "theta": tr_theta[:n], "omega": tr_omega[:n], "u": tr_u[:n], "safe": tr_safe[:n],
                 "seq": np.arange(n_frames, dtype=np.int64) + first_seq, "t_send_ns": t_send, "t_action_ns": t_ans,
                 "rtt_ns": np.where(answered, t_ans - t_send, -1), "u_answer": u_ans, "safe_answer": safe_ans,
                 "frames_sent": int(sent.sum()), "frames_answered": int(answered.sum()), "dropped": dropped,
@@ -207,4 +251,5 @@ def write_run_dir(run_dir, summary, res):
     np.savez(os.path.join(run_dir, "roundtrip.npz"), seq=res["seq"], t_send_ns=res["t_send_ns"],
              t_action_ns=res["t_action_ns"], rtt_ns=res["rtt_ns"], truth=np.full(n, -1, np.int16),
              action=np.full(n, -1, np.int16), safe=res["safe_answer"], u=res["u_answer"][:, None])
-    np.savez(os.path.join(run_dir, "control.npz"), t_s=res["t_s"], theta=res["theta"], u=res["u"], safe=res["safe"])
+    np.savez(os.path.join(run_dir, "control.npz"), t_s=res["t_s"], theta=res["theta"], u=res["u"], safe=res["safe"],
+             omega=res["omega"], t0_ns=np.int64(res["t0_ns"]))

@@ -9,7 +9,8 @@ Tiers, bottom up (a module may import its own tier and those below):
   loop                  the hot path: loop itself, rundir, errors, kernels
   node level            config, security, sockets, node, report, recording, monitor, launch
   sim, train, bench,    tools: never imported by the node level (train may use sim's dynamics);
-  bridge                rclpy (ROS 2) is imported only by the bridge and the ROS 2 simulator
+  bridge, live          rclpy (ROS 2) is imported only by the bridge and the ROS 2 simulator; foxglove
+                        (the live view's server) only by live
   cli, verbs            the composition root: the only code that imports sim, train and bench
 """
 from __future__ import annotations
@@ -21,7 +22,7 @@ import tomllib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-TOOLS = ("control_node.sim", "control_node.train", "control_node.bench", "control_node.bridge")
+TOOLS = ("control_node.sim", "control_node.train", "control_node.bench", "control_node.bridge", "control_node.live")
 ROOT_TIER = ("control_node.cli", "control_node.__main__", "control_node.verbs")
 LEAVES = ("control_node.errors", "control_node.rundir", "control_node.endpoints", "control_node.procfs")
 HOT = "control_node.loop"
@@ -297,3 +298,22 @@ def test_a_node_module_importing_rclpy_fails_the_check():
     src = read_sources()
     src["control_node.node"] = (src["control_node.node"][0], src["control_node.node"][1] + "\nimport rclpy\n")
     assert "control_node.node" in ros_importers(src)
+
+
+def test_only_the_live_view_imports_foxglove():
+    """foxglove-sdk (an optional extra) is imported by control_node.live alone: never by the node."""
+    found = set()
+    for mod, (path, text) in read_sources().items():
+        if path.endswith(".pyx"):
+            continue
+        for node in ast.walk(ast.parse(text, path)):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+            if any(n.split(".")[0] == "foxglove" for n in names):
+                found.add(mod)
+    assert "control_node.live.server" in found                # the check sees the real importer
+    assert sorted(m for m in found if not _under(m, "control_node.live")) == []
+    graph = import_graph(read_sources())
+    node_level = [m for m in graph if not _under(m, (*TOOLS, *ROOT_TIER))]
+    for m in node_level:
+        assert not any(_under(d, "control_node.live") for d in graph[m]), m

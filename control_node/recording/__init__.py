@@ -1,7 +1,8 @@
 """Recording and replay read and write one format, defined here.
 
 An MCAP file with three channels, :data:`TOPICS`: ``/sensor`` (frames from the simulator's or replayer's
-sensor tap), ``/action`` and ``/diagnostics`` (the node's PUB sockets). Each message is stored exactly as
+sensor tap), ``/action`` and ``/diagnostics`` (the node's PUB sockets); a fourth, ``/sim/state`` (the
+pendulum simulator's state stream), when the recorder is given its endpoint. Each message is stored exactly as
 received: msgpack bytes (message encoding :data:`MESSAGE_ENCODING`, no schema), with a per-channel
 sequence number; ``log_time`` and ``publish_time`` are the recorder's wall clock (ns since the epoch).
 The payloads are the wire protocol's (docs/protocol.md).
@@ -10,7 +11,9 @@ The payloads are the wire protocol's (docs/protocol.md).
 answers with the recorded ones.
 """
 SENSOR, ACTION, DIAGNOSTICS = "/sensor", "/action", "/diagnostics"
-TOPICS = (SENSOR, ACTION, DIAGNOSTICS)
+# the pendulum simulator's physics state (`sim pendulum --state`): recorded when the endpoints name it
+SIM_STATE = "/sim/state"
+TOPICS = (SENSOR, ACTION, DIAGNOSTICS, SIM_STATE)
 # which endpoint of the node config each topic is recorded from
-TOPIC_ENDPOINTS = {SENSOR: "sensor_tap", ACTION: "action", DIAGNOSTICS: "diagnostics"}
+TOPIC_ENDPOINTS = {SENSOR: "sensor_tap", ACTION: "action", DIAGNOSTICS: "diagnostics", SIM_STATE: "sim_state"}
 MESSAGE_ENCODING = "msgpack"

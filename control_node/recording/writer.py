@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import time
 
-from control_node.recording import MESSAGE_ENCODING, TOPIC_ENDPOINTS, TOPICS
+from control_node.recording import MESSAGE_ENCODING, SIM_STATE, TOPIC_ENDPOINTS, TOPICS
 
 
 def best_compression():
@@ -35,7 +35,8 @@ def record(endpoints, out, duration=None, flush_interval=1.0, chunk_size=256 * 1
 
     ctx = zmq.Context.instance()
     socks = {}
-    for topic, key in TOPIC_ENDPOINTS.items():
+    recorded = {t: k for t, k in TOPIC_ENDPOINTS.items() if endpoints.get(k)}   # /sim/state: when named
+    for topic, key in recorded.items():
         s = ctx.socket(zmq.SUB)
         s.setsockopt(zmq.LINGER, 0)
         s.setsockopt(zmq.RCVHWM, 100000)
@@ -51,10 +52,12 @@ def record(endpoints, out, duration=None, flush_interval=1.0, chunk_size=256 * 1
     w = Writer(f, chunk_size=chunk_size, compression=comp)
     w.start(profile="", library="control-node recorder")
     w.add_metadata("control-node", {k: str(v) for k, v in endpoints.items()})
-    chan = {t: w.register_channel(topic=t, message_encoding=MESSAGE_ENCODING, schema_id=0,
-                                  metadata={"endpoint": endpoints[k]})
-            for t, k in TOPIC_ENDPOINTS.items()}
-    counts = {t: 0 for t in TOPICS}
+    def channel(t):
+        return w.register_channel(topic=t, message_encoding=MESSAGE_ENCODING, schema_id=0,
+                                  metadata={"endpoint": endpoints[recorded[t]]})
+    # the node's streams up front; the simulator's state at its first message (most drivers have none)
+    chan = {t: channel(t) for t in recorded if t != SIM_STATE}
+    counts = {t: 0 for t in TOPICS if t in recorded}
     poller = zmq.Poller()
     by_sock = {}
     for t, s in socks.items():
@@ -80,6 +83,8 @@ def record(endpoints, out, duration=None, flush_interval=1.0, chunk_size=256 * 1
                     except zmq.Again:
                         break
                     lt = time.time_ns()
+                    if t not in chan:
+                        chan[t] = channel(t)
                     w.add_message(chan[t], log_time=lt, data=raw, publish_time=lt, sequence=counts[t])
                     counts[t] += 1
     finally:
@@ -87,4 +92,4 @@ def record(endpoints, out, duration=None, flush_interval=1.0, chunk_size=256 * 1
         f.close()
         for s in socks.values():
             s.close()
-    return counts
+    return {t: n for t, n in counts.items() if t != SIM_STATE or n}

@@ -8,13 +8,19 @@ def register(sub):
                                    "schemas that Foxglove decodes and plots; --to csv writes one CSV per channel. "
                                    "A continuous policy's action vector `u` becomes one column per component "
                                    "(CSV), named after the action names the recorded diagnostics announce, else "
-                                   "u0, u1, ...; the JSON MCAP keeps `u` and adds `u_by_name`.")
+                                   "u0, u1, ...; the JSON MCAP keeps `u` and adds `u_by_name`. The JSON MCAP also "
+                                   "holds the live view's channels (/control_node/observation, action, cycle, "
+                                   "events; the same schemas and values as `launch --foxglove`), so the packaged "
+                                   "Foxglove layouts open it as they open the live view (docs/live.md).")
     p.add_argument("file", help="MCAP recording from `control-node record`")
     p.add_argument("--to", choices=["json-mcap", "csv", "rosbag2"], default="json-mcap",
                    help="output format (default: %(default)s); rosbag2: a ROS 2 bag directory (MCAP storage, CDR), "
                         "observations and actions as the --config's [ros2] types (docs/ros2.md)")
     p.add_argument("--out", help="output file (json-mcap; default FILE.json.mcap) or directory (csv; default FILE_csv/; "
                                  "rosbag2: default FILE_rosbag2/, must not exist)")
+    p.add_argument("--every", type=int, default=1, metavar="N",
+                   help="json-mcap: the live view's channels keep one frame and action in N and one "
+                        "/control_node/cycle message per N cycles (default: %(default)s, every one)")
     p.add_argument("--config", help="rosbag2: the node config whose [ros2] recipe names the observation and action "
                                     "topics and types (without one: Float64MultiArray on /control_node/...)")
     return p
@@ -84,6 +90,62 @@ def recorded_action_names(path):
     return None
 
 
+def recorded_policy(path):
+    """The ``policy`` map the recording's /diagnostics announce, or {}."""
+    import msgpack
+
+    from control_node.recording import DIAGNOSTICS
+    from control_node.recording.reader import iter_messages
+    for topic, data, *_ in iter_messages(path):
+        if topic != DIAGNOSTICS:
+            continue
+        try:
+            d = msgpack.unpackb(data, raw=False, strict_map_key=False)
+        except Exception:       # noqa: BLE001 - a torn message names nothing
+            continue
+        if isinstance(d, dict) and isinstance(d.get("policy"), dict):
+            return d["policy"]
+    return {}
+
+
+class LiveChannels:
+    """The live view's channels (control_node.live.channels) written beside the recorded ones: one
+    converter for the file, its wall-clock offset fixed by the first message that carries a send time."""
+
+    def __init__(self, writer, path, every):
+        import json
+
+        from control_node.live import channels
+        self.ch, self.w, self.json = channels, writer, json
+        pol = recorded_policy(path)
+        self.names = (pol.get("feature_names"), pol.get("action_names"))
+        self.every = every
+        self.conv = None
+        self.chans = {}
+        self.count = 0
+
+    def add(self, topic, d, log_time):
+        if not isinstance(d, dict):
+            return
+        if self.conv is None:
+            if not isinstance(d.get("t_ns"), int):
+                return
+            self.conv = self.ch.Converter(self.ch.offset_from_recording(log_time, d["t_ns"]), self.every,
+                                          feature_names=self.names[0], action_names=self.names[1])
+        conv = {"/sensor": self.conv.sensor, "/action": self.conv.action,
+                "/diagnostics": self.conv.diagnostics, "/sim/state": self.conv.sim_state}.get(topic)
+        for t, msg, lt in (conv(d) if conv else []):
+            if t not in self.chans:
+                sch = self.ch.schema(t, feature_names=self.conv.feature_names or (),
+                                     action_names=self.conv.action_names or ())
+                sid = self.w.register_schema(name=sch["title"], encoding="jsonschema",
+                                             data=self.json.dumps(sch).encode())
+                self.chans[t] = self.w.register_channel(topic=t, message_encoding="json", schema_id=sid)
+            self.w.add_message(self.chans[t], log_time=lt, publish_time=lt, sequence=self.count,
+                               data=self.json.dumps(msg, allow_nan=False).encode())
+            self.count += 1
+
+
 def run(args):
     import csv
     import json
@@ -108,6 +170,7 @@ def run(args):
         with open(out, "wb") as f:
             w = Writer(f, compression=best_compression())
             w.start(profile="", library="control-node export")
+            live = LiveChannels(w, args.file, args.every)
             chans = {}
             for topic, data, lt, pt, sq in iter_messages(args.file):
                 if topic not in chans:
@@ -116,12 +179,14 @@ def run(args):
                                             data=json.dumps(schema).encode())
                     chans[topic] = w.register_channel(topic=topic, message_encoding="json", schema_id=sid)
                 d = _jsonable(msgpack.unpackb(data, raw=False, strict_map_key=False))
+                live.add(topic, d, lt)
                 if topic == "/action" and isinstance(d, dict) and isinstance(d.get("u"), list):
                     d["u_by_name"] = dict(zip(action_columns(names, len(d["u"])), d["u"]))
                 w.add_message(chans[topic], log_time=lt, publish_time=pt, sequence=sq,
                               data=json.dumps(d, allow_nan=False).encode())
                 n += 1
             w.finish()
+        print(f"export: {live.count} messages on the live view's channels ({', '.join(sorted(live.chans))})")
     else:
         out = args.out or stem + "_csv"
         os.makedirs(out, exist_ok=True)

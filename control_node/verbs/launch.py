@@ -18,6 +18,10 @@ def register(sub):
     p.add_argument("--duration", type=float, help="seconds to run (default: [launch].duration, 10)")
     p.add_argument("--record", action="store_true", default=None, help="also start the recorder")
     p.add_argument("--run-dir", help="launch run directory (default: runs/<id>/)")
+    p.add_argument("--foxglove", nargs="?", const="", default=None, metavar="HOST:PORT",
+                   help="also serve the live view to Foxglove / Lichtblick over WebSocket (`control-node live`, "
+                        "the foxglove extra): here, else at the config's [foxglove] listen, else 127.0.0.1:8765. "
+                        "A config with [foxglove] listen turns it on without the flag (docs/live.md)")
     return p
 
 
@@ -74,5 +78,10 @@ def run(args):
         with open(config) as f:
             print(f.read(), end="")
         return 0
+    from control_node.launch import foxglove_listen
+    foxglove = foxglove_listen(config, args.foxglove)
+    if foxglove is not None:
+        from control_node.live.server import require_sdk
+        require_sdk()
     return launch(config, duration=args.duration, record=args.record, run_dir=args.run_dir,
-                  ensure_model=ensure_model)
+                  ensure_model=ensure_model, foxglove=foxglove)

@@ -28,6 +28,8 @@ def run(args):
     eps = load_endpoints(args.config)
     if args.tap:
         eps["sensor_tap"] = args.tap
+    from control_node.endpoints import derive_sim_state
+    eps["sim_state"] = derive_sim_state(eps["sensor"])      # the pendulum's state, when it publishes one
     out = args.out or os.path.join("runs", f"{time.strftime('%Y%m%d-%H%M%S')}-record-{os.getpid()}",
                                    "recording.mcap")
     with Stopper() as stopper:

@@ -61,6 +61,9 @@ def register(sub):
     p.add_argument("--tap", nargs="?", const="auto", default=None, metavar="ENDPOINT",
                    help="also publish every frame on a bound PUB 'sensor tap' for `control-node record` "
                         "(default endpoint: [endpoints].sensor_tap, else <sensor>_tap)")
+    p.add_argument("--state", nargs="?", const="auto", default=None, metavar="ENDPOINT",
+                   help="pendulum: publish each physics step's state (angle, velocity, torque) on a bound PUB for "
+                        "the live view's /sim/pendulum (default endpoint: <sensor>_sim_state)")
     p.add_argument("--run-dir", help="where to write summary.json and roundtrip.npz (default: runs/<id>/)")
     p.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the node (default: %(default)s)")
     p.add_argument("--exit-code", type=int, default=None, help=argparse_suppress())
@@ -233,7 +236,11 @@ def _pendulum(args, eps, curve):
         client = PendulumRos2(**opts)
         where = f"ROS 2 {client.state_topic} -> {client.command_topic}"
     else:
-        client = PendulumClient(eps, curve=curve, **opts)
+        from control_node.endpoints import derive_sim_state
+        tap = None if args.tap is None else (eps["sensor_tap"] if args.tap == "auto" else args.tap)
+        state = None if args.state is None else (derive_sim_state(eps["sensor"]) if args.state == "auto"
+                                                 else args.state)
+        client = PendulumClient(eps, curve=curve, tap=tap, state=state, **opts)
         where = f"sensor={eps['sensor']} action={eps['action']}"
     duration = 10.0 if args.duration is None else args.duration
     run_dir = args.run_dir or engine.new_run_dir("sim")

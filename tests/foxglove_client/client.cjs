@@ -1,0 +1,52 @@
+// A Foxglove WebSocket viewer built on @foxglove/ws-protocol (the library Foxglove and Lichtblick use),
+// for tests/test_foxglove.py and bench/live.py.
+//
+//   node client.cjs URL OUT.json SECONDS [--stall]
+//
+// Connects with the subprotocol foxglove.sdk.v1 (what the foxglove-sdk server requires), subscribes to
+// every channel the server advertises, and after SECONDS writes OUT.json: the advertised channels (topic,
+// encoding, schema) and every message received, decoded from JSON, by topic, with its log time.
+// --stall: subscribe, then never read again (the socket is paused: the server's sends back up), as a
+// viewer on a slow link does; OUT.json then holds what arrived before the stall.
+"use strict";
+const fs = require("fs");
+const WebSocket = require("ws");
+const { FoxgloveClient } = require("@foxglove/ws-protocol");
+
+const [url, out, seconds, ...flags] = process.argv.slice(2);
+const stall = flags.includes("--stall");
+const ws = new WebSocket(url, ["foxglove.sdk.v1"]);
+const client = new FoxgloveClient({ ws });
+const channels = {};
+const bySub = {};
+const messages = {};
+let serverInfo = null;
+const errors = [];
+const decoder = new TextDecoder();
+
+client.on("serverInfo", (info) => { serverInfo = info; });
+client.on("error", (e) => { errors.push(String(e && e.message ? e.message : e)); });
+client.on("advertise", (chans) => {
+  for (const ch of chans) {
+    channels[ch.id] = { topic: ch.topic, encoding: ch.encoding, schemaName: ch.schemaName,
+                        schemaEncoding: ch.schemaEncoding, schema: ch.schema };
+    bySub[client.subscribe(ch.id)] = ch.topic;
+  }
+  if (stall && ws._socket) {
+    // after the subscriptions went out: stop reading for good
+    setTimeout(() => ws._socket.pause(), 200);
+  }
+});
+client.on("message", ({ subscriptionId, timestamp, data }) => {
+  const topic = bySub[subscriptionId];
+  const text = decoder.decode(new Uint8Array(data.buffer, data.byteOffset, data.byteLength));
+  (messages[topic] = messages[topic] || []).push({ log_time: timestamp.toString(), msg: JSON.parse(text) });
+});
+
+setTimeout(() => {
+  fs.writeFileSync(out, JSON.stringify({ subprotocol: ws.protocol, serverInfo, channels: Object.values(channels),
+                                         messages, errors }));
+  if (stall) process.exit(0);             // a stalled viewer just vanishes
+  ws.close();                             // a closing handshake, as a viewer closing its tab
+  setTimeout(() => process.exit(0), 500);
+}, Number(seconds) * 1000);

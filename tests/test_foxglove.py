@@ -1,0 +1,385 @@
+"""The live view (control_node.live, `launch --foxglove`) with real processes: a running `launch pendulum
+--foxglove`, a Node.js viewer on @foxglove/ws-protocol (tests/foxglove_client), the values it receives
+compared with what the run directory records for the same cycles, frames and physics steps; a viewer
+that never reads; bad addresses; the layouts against the channels' schemas; the export's channels."""
+import json
+import math
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+
+import numpy as np
+import psutil
+import pytest
+
+from control_node import rundir
+from control_node.bench.harness import CHILD_CWD, child_env, free_tcp_ports, make_endpoint_dir, run_cli
+from control_node.live import channels as ch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+CLIENT_DIR = os.path.join(HERE, "foxglove_client")
+LAYOUTS = os.path.join(os.path.dirname(HERE), "configs", "foxglove")
+
+
+def _sdk():
+    try:
+        import foxglove  # noqa: F401
+        return True
+    except ImportError:
+        return False
+
+
+needs_sdk = pytest.mark.skipif(not _sdk(), reason="foxglove-sdk is not installed (pip install -e '.[foxglove]')")
+needs_client = pytest.mark.skipif(
+    shutil.which("node") is None or not os.path.isdir(os.path.join(CLIENT_DIR, "node_modules", "@foxglove")),
+    reason="the Node.js viewer needs node and `npm ci` in tests/foxglove_client (@foxglove/ws-protocol)")
+
+
+@pytest.fixture(scope="module")
+def pendulum_model(tmp_path_factory):
+    from control_node.train.pendulum import export_verified, train_pendulum
+    path = tmp_path_factory.mktemp("pendulum") / "pendulum.npz"
+    export_verified(train_pendulum(), path)
+    return str(path)
+
+
+def write_config(path, ep_dir, model, duration, foxglove_args=(), listen=None):
+    args = ", ".join(f'"{a}"' for a in foxglove_args)
+    path.write_text(f"""
+[node]
+model = "{model}"
+run_root = "{ep_dir}/runs"
+
+[endpoints]
+sensor = "ipc://{ep_dir}/sensor"
+action = "ipc://{ep_dir}/action"
+diagnostics = "ipc://{ep_dir}/diagnostics"
+
+[loop]
+rate_hz = 1000.0
+phase_lock = true
+
+[watchdog]
+stale_after_ms = 20.0
+safe_action = "offset"
+
+[launch]
+duration = {duration}
+
+[children.sim]
+args = ["pendulum"]
+
+[children.foxglove]
+args = [{args}]
+
+[children.record]
+sensor_tap = "ipc://{ep_dir}/sensor_tap"
+""" + (f'\n[foxglove]\nlisten = "{listen}"\n' if listen else ""))
+    return path
+
+
+def start_launch(cfg, run_dir, *extra):
+    return subprocess.Popen([sys.executable, "-m", "control_node", "launch", str(cfg), "--run-dir", str(run_dir),
+                             *extra], cwd=CHILD_CWD, env=child_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, bufsize=1, start_new_session=True)
+
+
+def wait_for_line(proc, prefix, timeout=120):
+    """Lines of ``proc`` up to the first containing ``prefix`` (raises with the output if it ends first)."""
+    lines = []
+    deadline = time.monotonic() + timeout
+    for line in proc.stdout:
+        lines.append(line)
+        if prefix in line:
+            return lines
+        assert time.monotonic() < deadline, "".join(lines)
+    raise AssertionError(f"no {prefix!r} line:\n" + "".join(lines))
+
+
+def viewer(port, out, seconds, *flags):
+    return subprocess.Popen(["node", os.path.join(CLIENT_DIR, "client.cjs"), f"ws://127.0.0.1:{port}", str(out),
+                             str(seconds), *flags], cwd=CLIENT_DIR, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+
+
+def finish(proc, timeout=120):
+    out, _ = proc.communicate(timeout=timeout)
+    return out
+
+
+@needs_sdk
+@needs_client
+@pytest.mark.slow
+def test_a_viewer_receives_every_channel_with_the_values_the_run_recorded(tmp_path, pendulum_model):
+    ep_dir = make_endpoint_dir()
+    (port,) = free_tcp_ports(1)
+    cfg = write_config(tmp_path / "pendulum.toml", ep_dir, pendulum_model, duration=8)
+    run_dir = tmp_path / "run"
+    proc = start_launch(cfg, run_dir, "--foxglove", f"127.0.0.1:{port}")
+    head = wait_for_line(proc, "foxglove listening")
+    wait_for_line(proc, "started sim")
+    out_json = tmp_path / "viewer.json"
+    v = viewer(port, out_json, 5)
+    v_out = finish(v, 60)
+    rest = finish(proc)
+    log = "".join(head) + rest
+    assert proc.returncode == 0, log
+    assert v.returncode == 0, v_out
+    got = json.loads(out_json.read_text())
+    assert got["subprotocol"] == "foxglove.sdk.v1" and not got["errors"], got["errors"]
+    adv = {c["topic"]: c for c in got["channels"]}
+    assert set(ch.TOPICS) <= set(adv), sorted(adv)
+    for topic in ch.TOPICS:
+        assert adv[topic]["encoding"] == "json" and adv[topic]["schemaEncoding"] == "jsonschema"
+    msgs = {t: [m["msg"] for m in got["messages"].get(t, [])] for t in ch.TOPICS}
+    for topic in (ch.OBSERVATION, ch.ACTION, ch.CYCLE, ch.SIM_PENDULUM):
+        assert len(msgs[topic]) > 50, (topic, len(msgs[topic]), log)
+
+    summary, cyc = rundir.read_node_run(run_dir / "node")
+    acts = rundir.read_node_actions(run_dir / "node")
+    by_cycle = {int(c): i for i, c in enumerate(cyc["cycle"])}
+    # /control_node/cycle: min, max and last of each figure over the window's cycles, exactly
+    for m in msgs[ch.CYCLE]:
+        idx = [by_cycle[c] for c in range(m["cycle_first"], m["cycle_last"] + 1)]
+        assert len(idx) == m["cycles"] == ch.DEFAULT_EVERY, m
+        for f in ch.CYCLE_FIGURES:
+            v = cyc[f][idx]
+            v = v[v >= 0]
+            want = {"min": int(v.min()), "max": int(v.max()), "last": int(v[-1])} if v.size else None
+            assert m[f] == want, (f, m, want)
+        flags = cyc["flags"][idx]
+        assert m["misses"] == int(((flags & rundir.FLAG_MISS) != 0).sum())
+        assert m["safe"] == int(((flags & rundir.FLAG_SAFE) != 0).sum())
+        assert m["phase_shifts"] == int(((flags & rundir.FLAG_PHASE_SHIFT) != 0).sum())
+    # /control_node/action: the action the cycle published; actions.npz holds it as float32, so equal there
+    first_act = int(acts["cycle"][0])
+    for m in msgs[ch.ACTION]:
+        assert m["seq"] % ch.DEFAULT_EVERY == 0
+        i = by_cycle[m["cycle"]]
+        assert int(cyc["seq"][i]) == m["seq"]                   # the cycle acted on that frame
+        assert m["safe"] == bool(cyc["flags"][i] & rundir.FLAG_SAFE)
+        assert set(m["u"]) == {"torque"}
+        assert np.float32(m["u"]["torque"]) == acts["u"][m["cycle"] - first_act][0], m
+    # /control_node/observation: the frame the simulator sent, from its recorded physics (no noise)
+    sim = np.load(run_dir / "sim" / "control.npz")
+    sim_sum = json.loads((run_dir / "sim" / "summary.json").read_text())
+    base = int(sim_sum["seq_base"])
+    acted = set(int(s) for s in cyc["seq"][(cyc["flags"] & rundir.FLAG_NEW_FRAME) != 0])
+    for m in msgs[ch.OBSERVATION]:
+        k = m["seq"] - base                                     # one frame per physics step at 1 kHz
+        th = float(sim["theta"][k])
+        assert m["x"] == {"cos_theta": math.cos(th), "sin_theta": math.sin(th),
+                          "theta_dot": float(sim["omega"][k])}, (m, k)
+    observed = set(m["seq"] for m in msgs[ch.OBSERVATION])
+    answered = set(m["seq"] for m in msgs[ch.ACTION])
+    assert observed & answered & acted                      # frames seen, acted on and answered, side by side
+    # /sim/pendulum: the physics state of that step, exactly
+    for m in msgs[ch.SIM_PENDULUM]:
+        k = m["step"]
+        assert (m["angle"], m["velocity"], m["torque"]) == (
+            float(sim["theta"][k]), float(sim["omega"][k]), float(sim["u"][k])), m
+    # /control_node/events: every miss of the streamed cycles, by cycle number; safe actions counted. From
+    # the second window on: the first may close on a snapshot after the one that carried its first cycles'
+    # events, sent before the viewer subscribed
+    lo = sorted(m["cycle_first"] for m in msgs[ch.CYCLE])[1]
+    hi = max(m["cycle_last"] for m in msgs[ch.CYCLE])
+    span = (cyc["cycle"] >= lo) & (cyc["cycle"] <= hi)
+    missed = set(int(c) for c in cyc["cycle"][span & ((cyc["flags"] & rundir.FLAG_MISS) != 0)])
+    ev_missed = set(e["cycle"] for e in msgs[ch.EVENTS] if e["kind"] == "miss" and lo <= e["cycle"] <= hi)
+    assert ev_missed == missed
+    for e in msgs[ch.EVENTS]:
+        if e["kind"] == "miss":
+            i = by_cycle[e["cycle"]]
+            assert (e["wake_latency_ns"], e["cycle_time_ns"]) == (int(cyc["wake_latency_ns"][i]),
+                                                                    int(cyc["cycle_time_ns"][i]))
+        if e["kind"] == "safe":
+            i = by_cycle[e["cycle"]]
+            assert all(cyc["flags"][i:i + e["count"]] & rundir.FLAG_SAFE), e
+    # one wall-clock offset for the run: log time - monotonic send time is the same for every message
+    offsets = {int(m["log_time"]) - m["msg"]["t_ns"] for t in (ch.OBSERVATION, ch.ACTION, ch.SIM_PENDULUM)
+               for m in got["messages"][t]}
+    assert len(offsets) == 1, sorted(offsets)[:3]
+    assert abs(offsets.pop() - (time.time_ns() - time.monotonic_ns())) < 5e9
+
+
+def kernel_queued(port):
+    """Bytes the kernel holds on the loopback TCP connections of ``port`` (send and receive queues, both
+    ends), from /proc/net/tcp."""
+    total = 0
+    with open("/proc/net/tcp") as f:
+        next(f)
+        for line in f:
+            cols = line.split()
+            local, remote, queues = cols[1], cols[2], cols[4]
+            if int(local.split(":")[1], 16) == port or int(remote.split(":")[1], 16) == port:
+                tx, rx = queues.split(":")
+                total += int(tx, 16) + int(rx, 16)
+    return total
+
+
+@needs_sdk
+@needs_client
+@pytest.mark.slow
+def test_a_viewer_that_never_reads_is_dropped_for_and_costs_the_node_nothing(tmp_path, pendulum_model):
+    """The viewer subscribes to everything, every message (--every 1), then never reads. By rule, not by a
+    time bound: of what the live view owed it, more than the kernel's socket buffers hold was neither
+    delivered nor kept (the live view's memory grew by less than half of it: it dropped); the live view
+    still converted every frame the simulator sent (it never stalled, so nothing backed up towards the
+    node); the node's action sends never failed."""
+    ep_dir = make_endpoint_dir()
+    (port,) = free_tcp_ports(1)
+    cfg = write_config(tmp_path / "pendulum.toml", ep_dir, pendulum_model, duration=20,
+                       foxglove_args=("--every", "1"))
+    run_dir = tmp_path / "run"
+    proc = start_launch(cfg, run_dir, "--foxglove", f"127.0.0.1:{port}")
+    head = "".join(wait_for_line(proc, "foxglove listening"))
+    live_pid = int(re.search(r"started foxglove \(pid (\d+)\)", head).group(1))
+    head += "".join(wait_for_line(proc, "started sim"))
+    v = viewer(port, tmp_path / "stalled.json", 19, "--stall")
+    live = psutil.Process(live_pid)
+    time.sleep(3.0)
+    rss0 = live.memory_info().rss
+    peak, queued = rss0, 0
+    while v.poll() is None:
+        try:
+            peak = max(peak, live.memory_info().rss)
+        except psutil.NoSuchProcess:
+            break
+        queued = max(queued, kernel_queued(port))
+        time.sleep(0.2)
+    rest = finish(proc)
+    log = head + rest
+    assert proc.returncode == 0, log
+    sent = int(re.search(r"(\d+) bytes encoded for viewers", log).group(1))
+    owed_beyond_kernel = sent - queued
+    assert owed_beyond_kernel > 1e6, (sent, queued, log)     # the viewer's queue overflowed for real
+    assert peak - rss0 < owed_beyond_kernel / 2, (peak - rss0, sent, queued)
+    sim = json.loads((run_dir / "sim" / "summary.json").read_text())
+    observed = int(re.search(r"/control_node/observation (\d+)", log).group(1))
+    assert observed >= 0.99 * sim["frames_sent"], (observed, sim["frames_sent"])
+    summary, _ = rundir.read_node_run(run_dir / "node")
+    assert summary["send_failures"] == 0 and summary["cycles"] > 0
+
+
+@needs_sdk
+def test_a_bad_address_is_refused_at_start_naming_the_key(tmp_path, pendulum_model):
+    ep_dir = make_endpoint_dir()
+    cfg = write_config(tmp_path / "p.toml", ep_dir, pendulum_model, duration=1)
+    r = run_cli("launch", cfg, "--run-dir", tmp_path / "r1", "--foxglove", "127.0.0.1:99999", timeout=60)
+    assert r.returncode == 2 and "--foxglove = '127.0.0.1:99999': port 99999 is not in 1-65535" in r.stderr, r
+    assert "started node" not in r.stdout                   # refused before anything started
+    r = run_cli("launch", cfg, "--run-dir", tmp_path / "r2", "--foxglove", "robot:8765", timeout=60)
+    assert r.returncode == 2 and "--foxglove = 'robot:8765'" in r.stderr and "not an IP address" in r.stderr, r
+    bad = write_config(tmp_path / "bad.toml", ep_dir, pendulum_model, duration=1, listen="8765")
+    r = run_cli("launch", bad, "--run-dir", tmp_path / "r3", timeout=60)
+    assert r.returncode == 2 and "[foxglove] listen = '8765': '8765' is not HOST:PORT" in r.stderr, r
+    r = run_cli("run", "--config", bad, "--model", pendulum_model, "--duration", "1", timeout=60)
+    assert r.returncode == 2 and "field 'foxglove.listen'" in r.stderr, r
+    # a port already taken: the live view cannot listen; launch stops, naming the key
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        taken = s.getsockname()[1]
+        r = run_cli("launch", cfg, "--run-dir", tmp_path / "r4", "--foxglove", f"127.0.0.1:{taken}", timeout=120)
+    assert r.returncode != 0 and f'--foxglove = "127.0.0.1:{taken}": cannot listen there' in r.stdout, r.stdout
+
+
+def test_without_the_extra_the_error_names_the_install_command(tmp_path):
+    """foxglove-sdk hidden from the live view's process: a clear error with the install command."""
+    hide = tmp_path / "hide"
+    hide.mkdir()
+    (hide / "foxglove.py").write_text("raise ImportError('foxglove-sdk hidden by the test')\n")
+    env = {"PYTHONPATH": str(hide) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    r = run_cli("live", "--listen", "127.0.0.1:1", "--duration", "0", env=env)
+    assert r.returncode == 2, r
+    assert "pip install 'control-node[foxglove]'" in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def _paths(layout):
+    for cfg in layout["configById"].values():
+        for p in cfg.get("paths", []):
+            yield p["value"]
+        if "topicPath" in cfg:
+            yield cfg["topicPath"]
+
+
+def _resolves(path, names):
+    topic = next((t for t in ch.TOPICS if path == t or path.startswith(t + ".")), None)
+    if topic is None:
+        return False
+    node = ch.schema(topic, *names)
+    for part in path[len(topic):].split(".")[1:]:
+        node = (node.get("properties") or {}).get(part)
+        if node is None:
+            return False
+    return True
+
+
+def test_the_packaged_layouts_plot_fields_the_channels_have():
+    from importlib import resources
+    pendulum = (["cos_theta", "sin_theta", "theta_dot"], ["torque"])
+    iris = (["sepal length (cm)", "sepal width (cm)", "petal length (cm)", "petal width (cm)"], [])
+    for name, names in (("pendulum", pendulum), ("iris", iris)):
+        ref = resources.files("control_node.configs") / "foxglove" / f"{name}.json"
+        layout = json.loads(ref.read_text())
+        paths = list(_paths(layout))
+        assert len(paths) >= 8
+        assert [p for p in paths if not _resolves(p, names)] == [], name
+    assert not _resolves("/control_node/cycle.no_such_field", pendulum)     # the check can fail
+
+
+def test_cycle_windows_keep_a_spike_and_events_name_misses():
+    conv = ch.Converter(offset_ns=1000, every=10)
+    ring = {"cycle": list(range(0, 25)), "t_tick_ns": [100 * c for c in range(25)],
+            "wake_latency_ns": [5] * 25, "cycle_time_ns": [7] * 25, "input_age_ns": [-1] * 25,
+            "flags": [0] * 25, "seq": list(range(25))}
+    ring["wake_latency_ns"][13] = 900_000
+    ring["flags"][13] = rundir.FLAG_MISS
+    ring["flags"][20] = ring["flags"][21] = rundir.FLAG_SAFE | rundir.FLAG_STALE
+    out = conv.diagnostics({"t_ns": 0, "ring": ring, "rejected": {"malformed": 0}})
+    cyc = [m for t, m, _ in out if t == ch.CYCLE]
+    assert [(m["cycle_first"], m["cycle_last"]) for m in cyc] == [(0, 9), (10, 19)]     # 20-24 still open
+    assert cyc[1]["wake_latency_ns"] == {"min": 5, "max": 900_000, "last": 5} and cyc[1]["misses"] == 1
+    assert cyc[0]["input_age_ns"] is None
+    ev = [m for t, m, _ in out if t == ch.EVENTS]
+    assert [(e["kind"], e["cycle"], e["count"]) for e in ev] == [("miss", 13, 1), ("safe", 20, 2)]
+    assert ev[1]["stale"] == 2
+    out = conv.diagnostics({"t_ns": 0, "ring": {k: [] for k in ring}, "rejected": {"malformed": 3}})
+    assert [(m["kind"], m["reason"], m["count"]) for t, m, _ in out] == [("rejected", "malformed", 3)]
+
+
+@needs_sdk
+def test_export_writes_the_live_channels_for_the_layouts(tmp_path, pendulum_model):
+    """A recorded launch exported to JSON MCAP carries the live view's topics and schemas."""
+    from mcap.reader import make_reader
+    ep_dir = make_endpoint_dir()
+    cfg = write_config(tmp_path / "p.toml", ep_dir, pendulum_model, duration=3)
+    r = run_cli("launch", cfg, "--run-dir", tmp_path / "run", "--record", timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    rec = tmp_path / "run" / "record" / "recording.mcap"
+    r = run_cli("export", rec, "--out", tmp_path / "out.mcap", "--every", "10")
+    assert r.returncode == 0, r.stdout + r.stderr
+    seen = {}
+    with open(tmp_path / "out.mcap", "rb") as f:
+        for schema, channel, msg in make_reader(f).iter_messages():
+            if channel.topic in ch.TOPICS:
+                seen.setdefault(channel.topic, (json.loads(schema.data), []))[1].append(json.loads(msg.data))
+    assert {ch.OBSERVATION, ch.ACTION, ch.CYCLE, ch.SIM_PENDULUM} <= set(seen), sorted(seen)
+    assert seen[ch.OBSERVATION][0] == ch.schema(ch.OBSERVATION, ["cos_theta", "sin_theta", "theta_dot"], ["torque"])
+    assert seen[ch.ACTION][0] == ch.schema(ch.ACTION, ["cos_theta", "sin_theta", "theta_dot"], ["torque"])
+    assert set(seen[ch.OBSERVATION][1][0]["x"]) == {"cos_theta", "sin_theta", "theta_dot"}
+    assert set(seen[ch.ACTION][1][0]["u"]) == {"torque"}
+    _, cyc = rundir.read_node_run(tmp_path / "run" / "node")
+    by_cycle = {int(c): i for i, c in enumerate(cyc["cycle"])}
+    for m in seen[ch.CYCLE][1]:
+        idx = [by_cycle[c] for c in range(m["cycle_first"], m["cycle_last"] + 1)]
+        assert m["cycle_time_ns"]["max"] == int(cyc["cycle_time_ns"][idx].max())
+    sim = np.load(tmp_path / "run" / "sim" / "control.npz")          # the recorded physics state, exactly
+    for m in seen[ch.SIM_PENDULUM][1]:
+        assert m["step"] % 10 == 0
+        assert (m["angle"], m["velocity"], m["torque"]) == (
+            float(sim["theta"][m["step"]]), float(sim["omega"][m["step"]]), float(sim["u"][m["step"]]))
