@@ -16,7 +16,7 @@ import time
 import numpy as np
 import pytest
 
-from tests.nodeutil import start_node
+from nodeutil import start_node
 
 pytest.importorskip("rclpy", reason="rclpy is missing: pip install -e '.[ros2]' (the ROS 2 wheels)")
 
