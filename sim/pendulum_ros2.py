@@ -123,7 +123,7 @@ class PendulumRos2:
         t_send = np.full(n_frames, -1, dtype=np.int64)
         rtt = np.full(n_frames, -1, dtype=np.int64)     # first command after each state, to that state
         t_first = np.full(n_frames, -1, dtype=np.int64)
-        tr_t, tr_theta, tr_u = np.empty(n), np.empty(n), np.empty(n)
+        tr_t, tr_theta, tr_omega, tr_u = np.empty(n), np.empty(n), np.empty(n), np.empty(n)
         pending = []
         u_cmd = 0.0
         dropped = actions = 0
@@ -160,13 +160,13 @@ class PendulumRos2:
                     self.pub.publish(self._state(th, om, u_applied))
             if push_steps and k and k % push_steps == 0:
                 omega = max(-P.MAX_SPEED, min(P.MAX_SPEED, omega + self.push))
-            tr_t[k], tr_theta[k], tr_u[k] = k * dt, theta, u_applied
+            tr_t[k], tr_theta[k], tr_omega[k], tr_u[k] = k * dt, theta, omega, u_applied
             theta, omega = _rk4(theta, omega, u_cmd, dt)
             if stopper is not None and stopper.stop:
                 n = k + 1
                 break
         sent = t_send >= 0
-        return {"t_s": tr_t[:n], "theta": tr_theta[:n], "u": tr_u[:n], "safe": np.zeros(n, dtype=bool),
+        return {"t_s": tr_t[:n], "theta": tr_theta[:n], "omega": tr_omega[:n], "u": tr_u[:n], "safe": np.zeros(n, dtype=bool),
                 "seq": np.arange(n_frames, dtype=np.int64), "t_send_ns": t_send,
                 "t_action_ns": t_first, "rtt_ns": rtt,
                 "u_answer": np.full(n_frames, np.nan), "safe_answer": np.zeros(n_frames, dtype=bool),
