@@ -124,8 +124,6 @@ cdef extern from "mlp_core.h" nogil:
 
     int mlp_f64_small_rule(const mlp_f64 *m)
     int mlp_f32_small_rule(const mlp_f32 *m)
-    void mlp_f64_init(mlp_f64 *m)
-    void mlp_f32_init(mlp_f32 *m)
     const char *mlp_isa()
     const char *mlp_isa_missing(int want)
     enum: MLP_W_NATIVE
@@ -143,26 +141,31 @@ cdef extern from "mlp_core.h" nogil:
     enum: MLP_RNN_LSTM
     enum: MLP_RNN_GRU
     enum: MLP_PANEL_BYTES
-    void mlp_f64_reset(mlp_f64 *m)
-    void mlp_f32_reset(mlp_f32 *m)
-    int mlp_f64_act(mlp_f64 *m, const double *x, double *u)
-    int mlp_f32_act(mlp_f32 *m, const double *x, double *u)
-    int mlp_f64_forward(mlp_f64 *m, const double *x)
-    int mlp_f32_forward(mlp_f32 *m, const double *x)
-    void mlp_f64_forward_batch(mlp_f64 *m, const double *X, Py_ssize_t n,
-                               Py_ssize_t row_stride, int64_t *out)
-    void mlp_f32_forward_batch(mlp_f32 *m, const double *X, Py_ssize_t n,
-                               Py_ssize_t row_stride, int64_t *out)
-    int64_t mlp_f64_chain(mlp_f64 *m, const double *X, Py_ssize_t n_rows,
-                          Py_ssize_t row_stride, Py_ssize_t iters)
-    int64_t mlp_f32_chain(mlp_f32 *m, const double *X, Py_ssize_t n_rows,
-                          Py_ssize_t row_stride, Py_ssize_t iters)
+
+    # The policy's handle (mlp_core.h): the dtype is settled once, when mlp_f64_kernel / mlp_f32_kernel
+    # picks the copy; every call after goes through it, never branching on the dtype.
+    ctypedef struct mlp_kernel:
+        void *m
+        int (*act)(void *m, const double *x, double *u) noexcept nogil
+        int (*forward)(void *m, const double *x) noexcept nogil
+        void (*forward_batch)(void *m, const double *X, Py_ssize_t n, Py_ssize_t row_stride,
+                              int64_t *out) noexcept nogil
+        int64_t (*chain)(void *m, const double *X, Py_ssize_t n_rows, Py_ssize_t row_stride,
+                         Py_ssize_t iters) noexcept nogil
+        void (*reset)(void *m) noexcept nogil
+        const void *logits
+        const char *isa
+        int specialised
+        int itemsize
+
+    void mlp_f64_kernel(mlp_f64 *m, mlp_kernel *k)
+    void mlp_f32_kernel(mlp_f32 *m, mlp_kernel *k)
 
 
 cdef class Policy:
-    cdef mlp_f64 _m64
+    cdef mlp_kernel _k           # the one handle every call goes through (settled in __cinit__)
+    cdef mlp_f64 _m64            # the struct the handle drives: one of these two, by the model dtype
     cdef mlp_f32 _m32
-    cdef bint _is_f32
     cdef readonly int n_features
     cdef readonly int n_classes
     cdef readonly int n_actions

@@ -126,9 +126,10 @@ cdef int _fill_shape(model_t *m, dict k) except -1:
         return mlp_f64_small_rule(m)
 
 
-cdef int _fill_buffers(model_t *m, dict k, int64_t *resets) except -1:
+cdef int _fill_buffers(model_t *m, dict k, int64_t *resets, mlp_kernel *handle) except -1:
     """Point the struct at the buffers in ``k`` (laid out by Policy; k keeps them alive), then let mlp_core.h
-    pick the vector copy and, for small shapes, a specialised kernel. Returns 1 when it picked one."""
+    pick the vector copy and, for small shapes, a specialised kernel, and settle ``handle`` (the dtype is
+    decided here, once: every later call goes through the handle). Returns 1 when it picked a small one."""
     cdef int l
     # the struct's weight pointers are void * to Cython: check the buffers' dtype here, once
     itemsize = 4 if model_t is mlp_f32 else 8
@@ -164,9 +165,9 @@ cdef int _fill_buffers(model_t *m, dict k, int64_t *resets) except -1:
         m.resets = resets
     m.small_layout = k["small"]
     if model_t is mlp_f32:
-        mlp_f32_init(m)
+        mlp_f32_kernel(m, handle)
     else:
-        mlp_f64_init(m)
+        mlp_f64_kernel(m, handle)
     return m.specialised
 
 
@@ -214,8 +215,8 @@ cdef class Policy:
         if storage != spec.weights:       # the storage is part of what the policy answers: a new hash
             spec = dataclasses.replace(spec, weights=storage, weights_error=None, sha256="")
         self.spec = spec
-        self._is_f32 = spec.dtype == "float32"
-        dtype = np.float32 if self._is_f32 else np.float64
+        is_f32 = spec.dtype == "float32"     # the only dtype decision: the handle carries it from here on
+        dtype = np.float32 if is_f32 else np.float64
         itemsize = np.dtype(dtype).itemsize
         cdef int lanes = BLOCK_BYTES // itemsize
         cdef int PW = MLP_PANEL_BYTES // itemsize
@@ -231,7 +232,7 @@ cdef class Policy:
              "isa_want": isa_want, "storage": storage}
         # the shape and activation fields first: mlp_core.h's rule says whether the small compile-time-shaped
         # kernels compute this policy, and those take their own layout (an axpy hidden layer, row-major)
-        if self._is_f32:
+        if is_f32:
             small = _fill_shape(&self._m32, k)
         else:
             small = _fill_shape(&self._m64, k)
@@ -280,10 +281,10 @@ cdef class Policy:
         if spec.recurrent:
             self._lay_out_recurrent(spec, dtype, lanes, k)
         k["small"] = small
-        if self._is_f32:
-            picked = _fill_buffers(&self._m32, k, &self.state_resets_nonfinite)
+        if is_f32:
+            picked = _fill_buffers(&self._m32, k, &self.state_resets_nonfinite, &self._k)
         else:
-            picked = _fill_buffers(&self._m64, k, &self.state_resets_nonfinite)
+            picked = _fill_buffers(&self._m64, k, &self.state_resets_nonfinite, &self._k)
         if bool(picked) != bool(small):     # the two layouts differ: a mismatch would compute garbage
             raise RuntimeError(f"kernel layout: laid out {'small' if small else 'generic'}, "
                                f"but mlp_core.h picked {'small' if picked else 'generic'} kernels")
@@ -355,27 +356,18 @@ cdef class Policy:
 
     # ---- C level -----------------------------------------------------------------
     cdef int act_ptr(self, const double *x, double *u) noexcept nogil:
-        if self._is_f32:
-            return mlp_f32_act(&self._m32, x, u)
-        return mlp_f64_act(&self._m64, x, u)
+        return self._k.act(self._k.m, x, u)
 
     cdef void reset_ptr(self) noexcept nogil:
         """Zero the recurrent state (nothing for a feed-forward policy)."""
-        if self._is_f32:
-            mlp_f32_reset(&self._m32)
-        else:
-            mlp_f64_reset(&self._m64)
+        self._k.reset(self._k.m)
 
     cdef int predict_ptr(self, const double *x) noexcept nogil:
-        if self._is_f32:
-            return mlp_f32_forward(&self._m32, x)
-        return mlp_f64_forward(&self._m64, x)
+        return self._k.forward(self._k.m, x)
 
     cdef const void *logits_ptr(self) noexcept nogil:
         """Logits of the last forward pass (n_classes values of the model dtype)."""
-        if self._is_f32:
-            return self._m32.act[self._m32.n_layers]
-        return self._m64.act[self._m64.n_layers]
+        return self._k.logits
 
     # ---- Python API --------------------------------------------------------------
     cdef const double *_input_ptr(self, object x) except NULL:
@@ -493,10 +485,7 @@ cdef class Policy:
         cdef int64_t *op = <int64_t *> cnp.PyArray_DATA(out)
         cdef Py_ssize_t stride = self.n_features
         with nogil:
-            if self._is_f32:
-                mlp_f32_forward_batch(&self._m32, xp, n, stride, op)
-            else:
-                mlp_f64_forward_batch(&self._m64, xp, n, stride, op)
+            self._k.forward_batch(self._k.m, xp, n, stride, op)
         return out
 
     def _chain(self, X, Py_ssize_t iters):
@@ -508,10 +497,7 @@ cdef class Policy:
         cdef Py_ssize_t n = Xa.shape[0], stride = self.n_features
         cdef int64_t s
         with nogil:
-            if self._is_f32:
-                s = mlp_f32_chain(&self._m32, xp, n, stride, iters)
-            else:
-                s = mlp_f64_chain(&self._m64, xp, n, stride, iters)
+            s = self._k.chain(self._k.m, xp, n, stride, iters)
         return s
 
     def _act_loop(self, X, Py_ssize_t iters, bint chained=False):
@@ -574,7 +560,7 @@ cdef class Policy:
     @property
     def isa(self):
         """Vector copy this policy runs: 'avx512', 'avx2+fma', 'sse2', 'native' or 'generic'."""
-        return (self._m32.isa if self._is_f32 else self._m64.isa).decode()
+        return self._k.isa.decode()
 
     @property
     def dtype(self):
@@ -628,7 +614,7 @@ cdef class Policy:
     @property
     def kernel(self):
         """'specialised' when a small-shape kernel with compile-time widths runs, else 'generic'."""
-        return "specialised" if (self._m32.specialised if self._is_f32 else self._m64.specialised) else "generic"
+        return "specialised" if self._k.specialised else "generic"
 
     @property
     def nbytes(self):
@@ -643,13 +629,7 @@ cdef class Policy:
     @property
     def layout(self):
         """Per dense layer, 'dot' or 'axpy': how the kernel stores its weights."""
-        cdef int l
-        cdef const int *forms
-        if self._is_f32:
-            forms = &self._m32.dot_form[0]
-        else:
-            forms = &self._m64.dot_form[0]
-        return ["dot" if forms[l] else "axpy" for l in range(len(self.spec.layers))]
+        return ["dot" if d else "axpy" for d in self._arrays[0]["dot"]]
 
     def __repr__(self):
         widths = [str(d) for d in self.spec.layer_sizes]

@@ -46,7 +46,7 @@
  * types, so it is vectorised without fast-math. On x86-64 the kernels are
  * compiled three times in this one file, for x86-64-v4 (AVX-512, 64-byte vectors),
  * x86-64-v3 (AVX2 + FMA, 32-byte vectors) and the baseline (SSE2, 16-byte vectors),
- * and mlp_*_init() picks one at load time with __builtin_cpu_supports (the small
+ * and mlp_*_kernel() picks one at load time with __builtin_cpu_supports (the small
  * compile-time-shaped kernels stay on AVX2: their registers hold 32-byte rows).
  * Policy(spec, isa="sse2" | "avx2" | "avx512") selects a copy (m->isa_want; mlp_isa_missing() first).
  * CONTROL_NODE_ISA=avx2|sse2 still narrows the automatic choice (and the bench's stream-read probe). MLP_NATIVE (CONTROL_NODE_NATIVE=1
@@ -782,22 +782,41 @@ static float mlp_stream_read(const float *p, size_t n) {
 }
 #endif
 
-/* Choose the kernels for this CPU and shape; call once after filling every field. */
-static void mlp_f64_init(mlp_f64 *m) { MLP_PICK(mlp_f64, m); }
-static void mlp_f32_init(mlp_f32 *m) { MLP_PICK(mlp_f32, m); }
+/* One handle per policy: the model dtype is settled here, once, when the policy is built (mlp_f64_kernel /
+ * mlp_f32_kernel after NAME_init); every caller (the Cython Policy, the loop) calls through it and never
+ * branches on the dtype. Each entry is a tail call into the copy NAME_init chose for this CPU and shape. */
+typedef struct {
+    void *m;                                        /* the mlp_f64 or mlp_f32 it drives */
+    int (*act)(void *, const double *, double *);
+    int (*forward)(void *, const double *);
+    void (*forward_batch)(void *, const double *, ptrdiff_t, ptrdiff_t, int64_t *);
+    int64_t (*chain)(void *, const double *, ptrdiff_t, ptrdiff_t, ptrdiff_t);
+    void (*reset)(void *);
+    const void *logits;                             /* the last layer's outputs (model dtype) */
+    const char *isa;                                /* the copy chosen: "avx512", "avx2+fma", "sse2" */
+    int specialised;                                /* 1: a small compile-time-shaped kernel */
+    int itemsize;                                   /* of the model dtype: 4 or 8 */
+} mlp_kernel;
 
-/* The entry points the rest of the code calls. */
-static inline int mlp_f64_forward(mlp_f64 *m, const double *x) { return m->forward(m, x); }
-static inline int mlp_f32_forward(mlp_f32 *m, const double *x) { return m->forward(m, x); }
-static inline void mlp_f64_forward_batch(mlp_f64 *m, const double *X, ptrdiff_t n, ptrdiff_t s, int64_t *o)
-{ m->forward_batch(m, X, n, s, o); }
-static inline void mlp_f32_forward_batch(mlp_f32 *m, const double *X, ptrdiff_t n, ptrdiff_t s, int64_t *o)
-{ m->forward_batch(m, X, n, s, o); }
-static inline int64_t mlp_f64_chain(mlp_f64 *m, const double *X, ptrdiff_t n, ptrdiff_t s, ptrdiff_t it)
-{ return m->chain(m, X, n, s, it); }
-static inline int64_t mlp_f32_chain(mlp_f32 *m, const double *X, ptrdiff_t n, ptrdiff_t s, ptrdiff_t it)
-{ return m->chain(m, X, n, s, it); }
-static inline int mlp_f64_act(mlp_f64 *m, const double *x, double *u) { return m->act_fn(m, x, u); }
-static inline int mlp_f32_act(mlp_f32 *m, const double *x, double *u) { return m->act_fn(m, x, u); }
+#define MLP_HANDLE(NAME)                                                              \
+static int NAME##_k_act(void *m, const double *x, double *u)                          \
+{ return ((NAME *)m)->act_fn((NAME *)m, x, u); }                                      \
+static int NAME##_k_forward(void *m, const double *x)                                 \
+{ return ((NAME *)m)->forward((NAME *)m, x); }                                        \
+static void NAME##_k_forward_batch(void *m, const double *X, ptrdiff_t n, ptrdiff_t s, int64_t *o) \
+{ ((NAME *)m)->forward_batch((NAME *)m, X, n, s, o); }                                \
+static int64_t NAME##_k_chain(void *m, const double *X, ptrdiff_t n, ptrdiff_t s, ptrdiff_t it) \
+{ return ((NAME *)m)->chain((NAME *)m, X, n, s, it); }                                \
+static void NAME##_k_reset(void *m) { NAME##_reset((NAME *)m); }                      \
+/* Choose the kernels for this CPU and shape (every field filled first) and settle the handle. */ \
+static void NAME##_kernel(NAME *m, mlp_kernel *k) {                                   \
+    MLP_PICK(NAME, m);                                                                \
+    k->m = m; k->act = NAME##_k_act; k->forward = NAME##_k_forward;                   \
+    k->forward_batch = NAME##_k_forward_batch; k->chain = NAME##_k_chain;             \
+    k->reset = NAME##_k_reset; k->logits = m->act[m->n_layers]; k->isa = m->isa;      \
+    k->specialised = m->specialised; k->itemsize = (int)sizeof(*m->act[0]);           \
+}
+MLP_HANDLE(mlp_f64)
+MLP_HANDLE(mlp_f32)
 
 #endif
