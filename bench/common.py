@@ -138,12 +138,16 @@ def calibrate(fn, arg, target_s, max_calls=1000):
     return int(max(1, min(max_calls, round(target_s / per_call))))
 
 
-def time_round_robin(bodies: dict, n_samples: int) -> dict:
+def time_round_robin(bodies: dict, n_samples: int, warm: dict | None = None) -> dict:
     """Time each body ``n_samples`` times, interleaved (A B C A B C ...) so drift hits all alike.
 
     ``bodies`` maps name -> (body, units): ``units`` is how many calls/samples one body run
-    covers. Returns name -> array of ns per unit, one entry per sample. GC is off while timing.
+    covers. ``warm`` maps a name to a zero-argument call run untimed just before each of its samples:
+    interleaving evicts a row's weights from L2 when the rows together exceed it, and a sample of a few
+    calls would then time the cold first call; a loop running one policy every cycle finds them warm.
+    Returns name -> array of ns per unit, one entry per sample. GC is off while timing.
     """
+    warm = warm or {}
     out = {name: np.empty(n_samples) for name in bodies}
     clock = time.perf_counter_ns
     for body, _ in bodies.values():   # warm up
@@ -154,6 +158,8 @@ def time_round_robin(bodies: dict, n_samples: int) -> dict:
     try:
         for s in range(n_samples):
             for name, (body, units) in bodies.items():
+                if name in warm:
+                    warm[name]()
                 t0 = clock()
                 body()
                 out[name][s] = (clock() - t0) / units

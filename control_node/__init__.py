@@ -19,6 +19,9 @@ the bottom up; a module imports only its own tier and those below (tests/test_ar
 ``sockets.py``            the node's bound ZeroMQ sockets.
 ``lifecycle.py``          policies loaded, switched, shadowed and rolled back while the loop runs: the
                           control endpoint's thread, resident policies, the transition log.
+``metrics.py``            the node's Prometheus-style counters, read off the loop's thread.
+``diagnosis/``            why a cycle was late (``attribution.py``) and ``doctor`` (a package of
+                          registered checks); every /proc read through ``procfs.py``.
 ``node.py``               the node process: load, bind, set up real time, run the loop, write the run.
 ``report/``               ``control-node report``: load, statistics, .hgrm, terminal, HTML, plots.
 ``recording/``            record and replay: one MCAP format, its writer and its reader.
@@ -28,7 +31,10 @@ the bottom up; a module imports only its own tier and those below (tests/test_ar
                           the node.
 ``train/``                ``control_node.train``: training the policies.
 ``bench/``                ``control_node.bench``: benchmarks against peers, and the node-process harness
-                          the tests share (``bench/harness.py``).
+                          they start nodes with (``bench/harness.py``; the tests reuse it, their own
+                          helpers and child scripts are in ``tests/support/``).
+``bridge/``               ``control_node.bridge``: the ROS 2 bridge process and rosbag2 export. A tool:
+                          the only code besides the ROS 2 simulator that imports rclpy.
 ``live/``                 ``control_node.live``: the live view, a Foxglove WebSocket server of the node's
                           streams in a process of its own. A tool: never imported by the node.
 ``configs/``              ``control_node.configs``: the packaged default configs (importlib.resources).

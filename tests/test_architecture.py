@@ -317,3 +317,28 @@ def test_only_the_live_view_imports_foxglove():
     node_level = [m for m in graph if not _under(m, (*TOOLS, *ROOT_TIER))]
     for m in node_level:
         assert not any(_under(d, "control_node.live") for d in graph[m]), m
+
+
+def test_the_package_docstring_names_every_top_level_module():
+    """The module map (control_node/__init__.py's docstring) names each module and package of control_node
+    and each mapped folder, so a new one cannot be added without placing it there too."""
+    import control_node
+    doc = control_node.__doc__
+    missing = []
+    for name in sorted(os.listdir(os.path.join(ROOT, "control_node"))):
+        path = os.path.join(ROOT, "control_node", name)
+        if name.startswith("_") or name == "configs":
+            continue
+        if name.endswith(".py"):
+            want = f"``{name}``"
+        elif os.path.isfile(os.path.join(path, "__init__.py")):
+            want = f"``{name}/``"
+        else:
+            continue
+        if want not in doc:
+            missing.append(want)
+    for folder in package_dirs().values():
+        rel = os.path.relpath(folder, ROOT)
+        if "/" not in rel and not rel.startswith("control_node") and f"``{rel}/``" not in doc:
+            missing.append(f"``{rel}/``")
+    assert missing == [], f"control_node/__init__.py's module map does not name {missing}"

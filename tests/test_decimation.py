@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import zmq
 
-from nodeutil import ActionCollector, start_node, stop_node
+from support.nodeutil import ActionCollector, start_node, stop_node
 from control_node import rundir
 from control_node.bench.harness import run_cli, write_node_config
 from control_node.kernels import Policy

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from control_node.loop._rtloop import decode_frame
 from control_node.rundir import FLAGS
-from nodeutil import ActionCollector, Robot, load_run, start_node, stop_node
+from support.nodeutil import ActionCollector, Robot, load_run, start_node, stop_node
 
 N_FEATURES = 4
 MAX_FRAME = 4096

@@ -11,7 +11,7 @@ import msgpack
 import numpy as np
 import pytest
 
-from nodeutil import Robot, start_node
+from support.nodeutil import Robot, start_node
 from control_node.bench.harness import run_cli, write_node_config
 from control_node.kernels import Policy, save_model
 
@@ -111,15 +111,6 @@ def test_bad_history_fails_naming_the_field(tmp_path, history_model_path, text, 
     assert "Traceback" not in r.stderr
 
 
-FEEDER_3 = r"""
-import sys, time, msgpack, zmq
-ctx = zmq.Context(); pub = ctx.socket(zmq.PUB); pub.connect(sys.argv[1])
-seq = 0; end = time.monotonic() + float(sys.argv[2])
-while time.monotonic() < end:
-    seq += 1
-    pub.send(msgpack.packb({"seq": seq, "t_ns": time.monotonic_ns(), "x": [0.1 * (seq % 7), -0.3, 1.2]}))
-    time.sleep(0.0001)
-"""
 
 
 def _run(loop):
@@ -131,11 +122,11 @@ def test_history_and_decimation_allocate_nothing(tmp_path, continuous_f64_model_
     import gc
     import tracemalloc
 
-    from nodeutil import FedSockets
+    from support.nodeutil import FedSockets
     from control_node.loop._rtloop import LoopConfig, RtLoop
     from control_node.loop.libzmq import libzmq_functions
     policy = Policy.load(continuous_f64_model_path)
-    with FedSockets(tmp_path, FEEDER_3, 30) as socks:
+    with FedSockets(tmp_path, [0.4, -0.3, 1.2], 30) as socks:
         cfg = LoopConfig(period_ns=20_000, stale_after_ns=10**9, spin_ns=6_000, max_cycles=50_000,
                          ring_cycles=1000, safe_u=[0.0] * 4, action_ring_cycles=700, decimation=7, history=2,
                          history_newest_first=True)
@@ -164,7 +155,7 @@ def test_the_simulator_sends_one_frame_to_a_node_with_history(tmp_path, history_
     """`control-node sim` beside a node with history = 3: it sends frames of the frame width (4), not of the
     policy's 12 inputs, learnt from the node's diagnostics (--features auto) or from --model and the node's
     config; the node accepts every frame (no feature_count rejections) and acts on them."""
-    from nodeutil import assert_answered_or_superseded, cli_popen, load_run, stop_node
+    from support.nodeutil import assert_answered_or_superseded, cli_popen, load_run, stop_node
     node, cfg = start_node(tmp_path, history_model_path, extra=f"[policy]\nhistory = {N}\n")
     args = ["--features", "auto"] if how == "auto" else ["--model", str(history_model_path)]
     sim = cli_popen("sim", "gauss", "--config", cfg, "--rate", 500, "--duration", 1.0,

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from nodeutil import load_run, start_node
+from support.nodeutil import load_run, start_node
 from control_node.bench.harness import run_cli
 from control_node.endpoints import runtime_dir
 from control_node.loop.isolation import restore_file

@@ -12,26 +12,6 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-CHECK = """
-import glob, importlib.util, sys
-sys.path[:0] = [{tests!r}]
-# the scratch build's compiled kernel stands in for the installed one (the Python around it is the same)
-so = glob.glob({copy!r} + "/kernels/_policy*.so")[0]
-spec = importlib.util.spec_from_file_location("control_node.kernels._policy", so)
-mod = importlib.util.module_from_spec(spec)
-sys.modules[spec.name] = mod
-spec.loader.exec_module(mod)
-from control_node.kernels import Policy, check_consistency
-assert sys.modules["control_node.kernels._policy"].__file__ == so
-assert Policy.__module__ == "control_node.kernels._policy"
-from conftest import random_spec
-for sizes in ([4, 16, 3], [4, 13, 3], [8, 24, 8], [7, 32, 5], [12, 200, 3], [1000, 9, 2], [4, 16, 16, 3]):
-    for dtype in ("float64", "float32"):
-        spec = random_spec(sizes, dtype=dtype, seed=len(sizes))
-        p = Policy(spec)
-        check_consistency(p, spec, n_random=500)
-        print(sizes, dtype, p.isa, p.kernel, "ok")
-"""
 
 
 def build_and_check(tmp_path, env_extra):
@@ -46,11 +26,12 @@ def build_and_check(tmp_path, env_extra):
     b = subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace"], cwd=copy, env=env,
                        capture_output=True, text=True, timeout=600)
     assert b.returncode == 0, b.stdout[-3000:] + b.stderr[-3000:]
-    r = subprocess.run([sys.executable, "-c", CHECK.format(copy=str(copy), tests=os.path.join(ROOT, "tests"))],
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "support", "children", "kernel_build_check.py"),
+                        str(copy), os.path.join(ROOT, "tests")],
                        cwd=copy, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     assert r.stdout.count(" ok") == 14, r.stdout
-    so = next((copy / "kernels").glob("_policy*.so"))      # the file CHECK loaded
+    so = next((copy / "kernels").glob("_policy*.so"))      # the file kernel_build_check.py loaded
     compilers = subprocess.run(["readelf", "-p", ".comment", str(so)], capture_output=True, text=True).stdout
     return r.stdout, compilers
 

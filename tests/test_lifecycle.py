@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from conftest import continuous_spec
-from nodeutil import ActionCollector, FedSockets, Robot, load_run, start_node
+from support.nodeutil import ActionCollector, FedSockets, Robot, load_run, start_node
 from control_node import rundir
 from control_node.bench.harness import run_cli
 from control_node.kernels import ModelSpec, Policy, save_model
@@ -299,7 +299,7 @@ def test_1000_switches_allocate_nothing_on_the_loop_thread(tmp_path, models):
 
     from control_node.loop._rtloop import LoopConfig, RtLoop
     from control_node.loop.libzmq import libzmq_functions
-    from test_loop_core import FEEDER_6
+    from test_loop_core import X_6
     pa, pb = Policy.load(models["a"]), Policy.load(models["b"])
     codes = {name: i + 1 for i, name in enumerate(rundir.TRANSITIONS)}
     done = []
@@ -316,7 +316,7 @@ def test_1000_switches_allocate_nothing_on_the_loop_thread(tmp_path, models):
             done.append(kind)
         loop.request_stop()
 
-    with FedSockets(tmp_path, FEEDER_6) as socks:
+    with FedSockets(tmp_path, X_6) as socks:
         cfg = LoopConfig(period_ns=50_000, stale_after_ns=10**9, spin_ns=10_000, ring_cycles=1000,
                          safe_u=[0.0] * 4, action_ring_cycles=500)
         loop = RtLoop(pa, cfg, socks.sub.underlying, socks.pub.underlying, libzmq_functions())

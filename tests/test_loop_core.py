@@ -2,8 +2,6 @@
 from __future__ import annotations
 
 import gc
-import subprocess
-import sys
 import time
 import tracemalloc
 
@@ -17,17 +15,9 @@ from hypothesis import strategies as st
 from control_node.loop._rtloop import LoopConfig, RtLoop, decode_frame, encode_action
 from control_node.loop.libzmq import libzmq_functions
 from control_node.kernels import Policy
-from nodeutil import FedSockets
+from support.nodeutil import FedSockets, start_feeder
 
-FEEDER = r"""
-import sys, time, msgpack, zmq
-ctx = zmq.Context(); pub = ctx.socket(zmq.PUB); pub.connect(sys.argv[1])
-x = [5.1, 3.5, 1.4, 0.2]; seq = 0; end = time.monotonic() + float(sys.argv[2])
-while time.monotonic() < end:
-    seq += 1
-    pub.send(msgpack.packb({"seq": seq, "t_ns": time.monotonic_ns(), "x": x}))
-    time.sleep(0.0001)
-"""
+IRIS_X = [5.1, 3.5, 1.4, 0.2]
 
 
 def _run(loop):
@@ -36,7 +26,7 @@ def _run(loop):
 
 def test_hot_path_allocates_nothing_over_100k_cycles(tmp_path, iris_model_path):
     policy = Policy.load(iris_model_path)
-    with FedSockets(tmp_path, FEEDER, 30) as socks:
+    with FedSockets(tmp_path, IRIS_X, 30) as socks:
         # 100k cycles at 20 kHz, a ring of 1000 that wraps 100 times
         cfg = LoopConfig(period_ns=20_000, stale_after_ns=10**9, spin_ns=20_000, max_cycles=100_000,
                          ring_cycles=1000)
@@ -57,7 +47,7 @@ def test_hot_path_allocates_nothing_over_100k_cycles(tmp_path, iris_model_path):
     assert sum(d.count_diff for d in in_loop) == 0   # no Python memory allocated by the loop
 
 
-FEEDER_6 = FEEDER.replace("x = [5.1, 3.5, 1.4, 0.2]", "x = [0.3, -1.2, 0.8, 2.5, -0.4, 1.1]")
+X_6 = [0.3, -1.2, 0.8, 2.5, -0.4, 1.1]
 
 
 def _run_continuous(loop):
@@ -75,7 +65,7 @@ def test_continuous_hot_path_allocates_nothing_over_100k_cycles(tmp_path, contin
     watch.setsockopt(zmq.SUBSCRIBE, b"")
     watch.setsockopt(zmq.RCVHWM, 0)
     watch.connect(f"ipc://{tmp_path}/a")
-    feeder = subprocess.Popen([sys.executable, "-c", FEEDER_6, f"ipc://{tmp_path}/s", "30"])
+    feeder = start_feeder(f"ipc://{tmp_path}/s", X_6, 30)
     try:
         assert sub.poll(10000), "feeder never connected"
         # 100k cycles at 20 kHz; the main ring (1000) and the action ring (700) both wrap
@@ -108,7 +98,7 @@ def test_continuous_hot_path_allocates_nothing_over_100k_cycles(tmp_path, contin
     in_loop = [d for d in snap1.compare_to(snap0, "lineno")
                if d.traceback[0].filename == __file__ and d.traceback[0].lineno == run_line]
     assert sum(d.count_diff for d in in_loop) == 0   # no Python memory allocated by the loop
-    want = policy.act(np.array([0.3, -1.2, 0.8, 2.5, -0.4, 1.1]))
+    want = policy.act(np.array(X_6))
     answers = [a for a in published if not a["safe"]]
     assert answers and all(a["u"] == want.tolist() for a in answers)
     assert loop.action_ring.shape == (700, 4)

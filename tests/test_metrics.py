@@ -7,7 +7,7 @@ import time
 import urllib.error
 import urllib.request
 
-from nodeutil import Robot, load_run, start_node
+from support.nodeutil import Robot, load_run, start_node
 from control_node.bench.harness import free_tcp_ports, run_cli
 
 

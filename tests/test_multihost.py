@@ -23,7 +23,7 @@ import time
 import pytest
 
 from control_node.bench.harness import CHILD_CWD
-from nodeutil import assert_answered_or_superseded
+from support.nodeutil import assert_answered_or_superseded
 
 from test_security import make_keys, security_toml
 

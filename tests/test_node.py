@@ -13,7 +13,7 @@ import msgpack
 import numpy as np
 import pytest
 
-from nodeutil import Robot, start_node
+from support.nodeutil import Robot, start_node
 from control_node.bench.harness import CHILD_CWD, run_cli, write_node_config
 
 

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from nodeutil import assert_answered_or_superseded
+from support.nodeutil import assert_answered_or_superseded
 from control_node.bench.harness import CHILD_CWD, child_env, make_endpoint_dir
 from control_node.endpoints import default_config
 

@@ -10,35 +10,10 @@ import sys
 import numpy as np
 import pytest
 
-from nodeutil import start_node, stop_node
+from support.nodeutil import child_script, start_node, stop_node
 from control_node import rundir
 from control_node.bench.harness import CHILD_CWD, run_cli, write_node_config
 
-# the sender's frames are due on its own absolute schedule (period, phase); each is stamped when sent. It sleeps
-# (50-80 us late at most), never spins: a spinning sender on a 2-CPU machine keeps the node's ZeroMQ I/O thread
-# (which runs off the loop's core) from delivering its frames for most of a period.
-SENDER = r"""
-import sys, time, msgpack, zmq
-endpoint, period_ns, duration, phase_ns = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])
-pub = zmq.Context.instance().socket(zmq.PUB)
-pub.setsockopt(zmq.LINGER, 1000)
-pub.connect(endpoint)
-time.sleep(0.4)
-t0 = time.monotonic_ns() + phase_ns
-n = 0
-end = t0 + int(duration * 1e9)
-while True:
-    due = t0 + int(n * period_ns)
-    if due >= end:
-        break
-    dt = due - time.monotonic_ns()
-    if dt > 0:
-        time.sleep(dt / 1e9)        # no busy wait: on 2 CPUs it would starve the node's ZeroMQ I/O thread
-    n += 1
-    pub.send(msgpack.packb({"seq": n, "t_ns": time.monotonic_ns(), "x": [5.1, 3.5, 1.4, 0.2]}))
-pub.close(linger=1000)
-print(n)
-"""
 
 
 def leads(s, a, last_s):
@@ -59,7 +34,7 @@ def test_phase_lock_converges_on_a_1khz_sender(tmp_path, iris_model_path):
     node, _ = start_node(tmp_path, iris_model_path, extra="[loop]\nphase_lock = true\nphase_margin_us = 100\n"
                                                           "[watchdog]\nstale_after_ms = 50.0\n"
                                                           "[budget]\ndeadline_misses = 1000000\n")
-    sender = subprocess.Popen([sys.executable, "-c", SENDER, node.endpoints["sensor"], "1000000.0", "2.0", "370000"],
+    sender = subprocess.Popen([sys.executable, child_script("phase_sender.py"), node.endpoints["sensor"], "1000000.0", "2.0", "370000"],
                               cwd=CHILD_CWD, stdout=subprocess.PIPE, text=True)
     try:
         sender.wait(timeout=40)
@@ -71,8 +46,11 @@ def test_phase_lock_converges_on_a_1khz_sender(tmp_path, iris_model_path):
     s, a = rundir.read_node_run(run_dir)
     pl = s["phase_lock"]
     assert pl["enabled"] and pl["margin_ns"] == 100_000 and pl["max_slew_ns_per_cycle"] == 10_000
-    lead, _ = leads(s, a, 1.0)
-    assert lead.size > 100 and (lead > 0).all()       # frames acted on came before their tick
+    lead, sel = leads(s, a, 1.0)
+    # frames acted on came before their tick, unless the loop woke late (a host stall) past the frame's stamp:
+    # then a frame sent after the tick was already there when it woke (the rule, not the host's timing)
+    woke_late = a["wake_latency_ns"][sel] > -lead
+    assert lead.size > 100 and ((lead > 0) | woke_late).all(), lead[(lead <= 0) & ~woke_late]
     # every shift is counted, none bigger than the slew bound, and each flags its tick in the ring; the
     # probes saw both early and late frames (the lock moved both ways)
     assert pl["shifts"] > 0 and 0 < pl["early"] < pl["shifts"]

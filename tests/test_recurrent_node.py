@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 
-from nodeutil import Robot, start_node, stop_node
+from support.nodeutil import Robot, start_node, stop_node
 from control_node.kernels import Policy, save_model
 
 from test_recurrent import rnn_spec

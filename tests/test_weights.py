@@ -210,7 +210,7 @@ def test_a_real_node_says_what_its_weights_were(tmp_path):
     import json
 
     from conftest import continuous_spec
-    from nodeutil import start_node
+    from support.nodeutil import start_node
 
     from control_node.bench.harness import run_cli
     from control_node.kernels.importers.proof import store_weights

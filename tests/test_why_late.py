@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from nodeutil import load_run, start_node
+from support.nodeutil import load_run, start_node
 from control_node.bench.harness import CHILD_CWD
 
 INTERFERER = r"""

@@ -13,6 +13,20 @@ import zmq
 from control_node import rundir
 from control_node.bench.harness import CHILD_CWD, NodeProcess, write_node_config
 
+CHILDREN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "children")
+
+
+def child_script(name):
+    """Path of a child process's script in tests/support/children/ (real files: a traceback names its line)."""
+    return os.path.join(CHILDREN, name)
+
+
+def start_feeder(endpoint, x, seconds):
+    """children/feeder.py: the observation ``x`` (a list of floats) to ``endpoint`` every ~100 us."""
+    import json
+    return subprocess.Popen([sys.executable, child_script("feeder.py"), endpoint, str(seconds),
+                             json.dumps([float(v) for v in x])])
+
 
 class Robot:
     """A client: PUB connected to the node's sensor endpoint, SUB to its actions."""
@@ -136,44 +150,11 @@ def cli_popen(*args, **kw):
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
 
 
-FLOOD_SCRIPT = r"""
-import json, sys, time
-import msgpack, numpy as np, zmq
-endpoint, rate, duration, seq0 = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])
-xs = [list(map(float, r)) for r in np.asarray(json.loads(sys.argv[5]))]
-pub = zmq.Context.instance().socket(zmq.PUB)
-pub.setsockopt(zmq.LINGER, 1000)
-pub.setsockopt(zmq.SNDHWM, 100000)
-pub.connect(endpoint)
-time.sleep(0.3)                                  # slow joiner
-period = 1.0 / rate
-t0 = time.monotonic()
-n = 0
-dropped = 0
-while True:
-    now = time.monotonic()
-    if now - t0 >= duration:
-        break
-    due = int((now - t0) / period) + 1           # frames that should have been sent by now
-    while n < due:
-        seq = seq0 + n
-        try:
-            pub.send(msgpack.packb({"seq": seq, "t_ns": time.monotonic_ns(), "x": xs[seq % len(xs)]}), zmq.NOBLOCK)
-        except zmq.Again:
-            dropped += 1
-        n += 1
-elapsed = time.monotonic() - t0
-pub.close(linger=1000)
-print(json.dumps({"sent": n, "send_dropped": dropped, "first_seq": seq0, "last_seq": seq0 + n - 1,
-                  "elapsed_s": elapsed}), flush=True)
-"""
-
-
 def start_flood(endpoint, rate_hz, duration_s, seq0, xs):
     """A separate publisher process sending valid frames (seq0, seq0+1, ...; x cycling through ``xs``)
     at ``rate_hz`` for ``duration_s``; its stdout's last line is a JSON report (sent, last_seq, ...)."""
     import json
-    return subprocess.Popen([sys.executable, "-c", FLOOD_SCRIPT, endpoint, str(rate_hz), str(duration_s),
+    return subprocess.Popen([sys.executable, child_script("flood.py"), endpoint, str(rate_hz), str(duration_s),
                              str(seq0), json.dumps(np.asarray(xs).tolist())],
                             cwd=CHILD_CWD, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
@@ -221,17 +202,17 @@ def assert_answered_or_superseded(sim_summary, node_summary, share=0.95):
 
 
 class FedSockets:
-    """In-process loop sockets: a SUB bound at ``tmp_path/s`` fed by ``feeder`` (a Python script run with
-    the endpoint and ``seconds``), and a PUB bound at ``tmp_path/a``. A context manager; waits until the
-    feeder's frames arrive."""
+    """In-process loop sockets: a SUB bound at ``tmp_path/s`` fed for ``seconds`` by a feeder process
+    (children/feeder.py) sending the observation ``x`` every ~100 us, and a PUB bound at ``tmp_path/a``. A
+    context manager; waits until the feeder's frames arrive."""
 
-    def __init__(self, tmp_path, feeder: str, seconds: float = 60):
+    def __init__(self, tmp_path, x, seconds: float = 60):
         self.ctx = zmq.Context()
         self.sub, self.pub = self.ctx.socket(zmq.SUB), self.ctx.socket(zmq.PUB)
         self.sub.setsockopt(zmq.SUBSCRIBE, b"")
         self.sub.bind(f"ipc://{tmp_path}/s")
         self.pub.bind(f"ipc://{tmp_path}/a")
-        self.feeder = subprocess.Popen([sys.executable, "-c", feeder, f"ipc://{tmp_path}/s", str(seconds)])
+        self.feeder = start_feeder(f"ipc://{tmp_path}/s", x, seconds)
 
     def __enter__(self):
         assert self.sub.poll(10000), "feeder never connected"
