@@ -64,6 +64,7 @@
 #include "vmath.h"
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
+#include <cpuid.h>
 #endif
 
 #define MLP_MAX_LAYERS 16
@@ -619,7 +620,7 @@ MLP_SMALL_ALL(mlp_v2d, mlp_v4f, 2, 4, _sse2)
 MLP_STREAM_READ(mlp_v4f, _sse2)
 
 #if defined(__clang__)
-#pragma clang attribute push (__attribute__((target("avx,avx2,fma"))), apply_to = function)
+#pragma clang attribute push (__attribute__((target("avx,avx2,fma,f16c"))), apply_to = function)
 #else
 #pragma GCC push_options
 #pragma GCC target("arch=x86-64-v3")
@@ -670,7 +671,7 @@ MLP_STREAM_READ(mlp_v8f, _avx2)
 
 /* AVX-512 (x86-64-v4: F, BW, CD, DQ, VL): 64-byte vectors, one whole padded row each. */
 #if defined(__clang__)
-#pragma clang attribute push (__attribute__((target("avx,avx2,fma,avx512f,avx512dq,avx512bw,avx512vl"))), \
+#pragma clang attribute push (__attribute__((target("avx,avx2,fma,f16c,avx512f,avx512dq,avx512bw,avx512vl"))), \
                               apply_to = function)
 #else
 #pragma GCC push_options
@@ -732,9 +733,16 @@ static int mlp_isa_allowed(const char *isa) {
     if (strcmp(force, "avx2") == 0) return strcmp(isa, "avx2") == 0;
     return 1;
 }
+/* F16C (the avx2 copy's f16 loads) by CPUID leaf 1, ECX bit 29: clang 14's __builtin_cpu_supports knows
+ * neither "f16c" nor "x86-64-v3", and the kernel must build with both compilers. */
+static int mlp_cpu_f16c(void) {
+    unsigned a, b, c, d;
+    return __get_cpuid(1, &a, &b, &c, &d) && ((c >> 29) & 1u);
+}
 static int mlp_has_avx2(void) {
     __builtin_cpu_init();
-    return mlp_isa_allowed("avx2") && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    return mlp_isa_allowed("avx2") && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")
+        && mlp_cpu_f16c();
 }
 static int mlp_has_avx512(void) {
     __builtin_cpu_init();
@@ -760,7 +768,7 @@ static const char *mlp_isa_missing(int want) {
     if (want == MLP_ISA_AVX2 || want == MLP_ISA_AVX512) {
         if (!__builtin_cpu_supports("avx2")) return "avx2";
         if (!__builtin_cpu_supports("fma")) return "fma";
-        if (!__builtin_cpu_supports("x86-64-v3")) return "f16c (x86-64-v3)";
+        if (!mlp_cpu_f16c()) return "f16c";
     }
     if (want == MLP_ISA_AVX512) {
         if (!__builtin_cpu_supports("avx512f")) return "avx512f";
