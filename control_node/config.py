@@ -73,6 +73,7 @@ SCHEMA = {
     "limits": {
         "max_frame_bytes": (4096, int, "bytes, 64 to 1048576"),
         "send_hwm": (1000, int, "messages >= 1"),
+        "recv_hwm": (1000, int, "messages >= 1"),
     },
     "realtime": {
         "cpu": ("last", (int, str), 'a core number, "last" or "none"'),
@@ -279,6 +280,8 @@ def validate(cfg: dict, path="(config)") -> None:
         bad("limits.max_frame_bytes", "use 64 to 1048576 bytes")
     if lim["send_hwm"] < 1:
         bad("limits.send_hwm", "use 1 or more")
+    if lim["recv_hwm"] < 1:
+        bad("limits.recv_hwm", "use 1 or more")
     cpu = rt["cpu"]
     if isinstance(cpu, str) and cpu not in ("last", "none") or isinstance(cpu, int) and cpu < 0:
         bad("realtime.cpu", 'use a core number, "last" or "none"')

@@ -117,7 +117,8 @@ class Diagnostics(threading.Thread):
         loop, last = self.loop, self._last
         cycles = loop.cycles
         now = time.monotonic()
-        if cycles > 0 and not self.ready_printed.is_set():
+        # ready: cycles run, or (sensor clock) the loop waits for the first frame, which may be far off
+        if (cycles > 0 or loop.waiting) and not self.ready_printed.is_set():
             eps, pol = self.endpoints, self.policy_info
             pin = (self.rt_ref.get("rt") or {}).get("cpu") or {}      # set before the first cycle ran
             pinned = pin.get("core") if pin.get("granted") else None  # the core it is on, not the one asked for
@@ -280,7 +281,7 @@ class Node:
             loop_cpu = choose_cpu(cfg["realtime"]["cpu"])
             others = set(os.sched_getaffinity(0)) - {loop_cpu} if loop_cpu is not None else set()
             sockets = NodeSockets(cfg["endpoints"], lim["max_frame_bytes"], lim["send_hwm"], io_cpus=others,
-                                  security=cfg.get("security"))
+                                  security=cfg.get("security"), recv_hwm=lim["recv_hwm"])
             loop = RtLoop(policy, loop_config(cfg, safe, decimation, spin_us, ring), sockets.sensor.underlying,
                           sockets.action.underlying, libzmq_functions())
             from control_node.lifecycle import ControlThread, Lifecycle

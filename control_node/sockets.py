@@ -23,7 +23,7 @@ class NodeSockets:
     CONTROL_MAXMSGSIZE = 64 * 1024
 
     def __init__(self, endpoints: dict, max_frame_bytes: int, send_hwm: int = 1000, security: dict | None = None,
-                 io_cpus=None):
+                 io_cpus=None, recv_hwm: int = 1000):
         """``io_cpus``: the cores libzmq's I/O thread may run on (the loop's left out: it would wake there
         for every frame); None: any."""
         from control_node.security import ServerCurve, check_runtime_dir
@@ -45,7 +45,9 @@ class NodeSockets:
         # frames up to 16x the cap still arrive and are counted as oversized; beyond
         # that libzmq drops the sender's connection before we see them
         self.sensor.setsockopt(zmq.MAXMSGSIZE, 16 * max_frame_bytes)
-        self.sensor.setsockopt(zmq.RCVHWM, 1000)
+        # frames that arrive while the loop is stalled queue here; past it libzmq drops them before the node
+        # can count them (the loop drains the whole queue every cycle)
+        self.sensor.setsockopt(zmq.RCVHWM, recv_hwm)
         self.action = self.ctx.socket(zmq.PUB)
         self.diagnostics = self.ctx.socket(zmq.PUB)
         for s in (self.action, self.diagnostics):

@@ -439,6 +439,21 @@ def test_sensor_clock_one_cycle_per_frame_and_safe_every_stale_after(pols):
     assert all(m["safe"] for m in r.sent[-len(tail):])
 
 
+def test_sensor_clock_with_a_long_watchdog_ends_on_time(pols):
+    """A 20 s stale_after with no frame coming: the run ends at its --duration (run_until), within one wait
+    slice (50 ms), with no cycle (nothing came and the watchdog was not due), instead of after one whole
+    stale_after. The process evidence is the ROS 2 bridge tests' nodes, which stop at once on SIGTERM."""
+    r = run_virtual(pols["iris"], None, sensor_clock=True, period_ns=MS, stale_after_ns=20_000 * MS,
+                    run_until_ns=T0 + 1_000 * MS, read_cost_ns=0)
+    assert r.loop.cycles == 0 and r.loop.waiting == 1
+    assert T0 + 1_000 * MS <= r.loop.t_end_ns <= T0 + 1_050 * MS, r.loop.t_end_ns - T0
+    # and a frame after a second of silence is answered at its arrival, the slices notwithstanding
+    s = Stream.periodic(3, 700 * MS, 300 * MS, IRIS_X)
+    r = run_virtual(pols["iris"], s, sensor_clock=True, period_ns=MS, stale_after_ns=20_000 * MS,
+                    run_until_ns=T0 + 3_000 * MS, read_cost_ns=0)
+    assert r.loop.cycles == 3 and (r.rec["t_tick_ns"] == np.array(s.arrive)).all()
+
+
 def test_a_multipart_and_an_oversized_frame_are_rejected(pols):
     """Bad frames on the virtual socket go through the real drain: each counted under its reason, and the
     good frame after them is still acted on."""

@@ -334,10 +334,11 @@ def test_hypothesis_frames_into_running_node(tmp_path, iris_model_path, policy):
 @pytest.mark.parametrize("rate", [2000.0, 10000.0])
 def test_interleaved_at_khz_rates_keeps_rate_and_counts(tmp_path, iris_model_path, policy, rate):
     """Frames paced at 2 or 10 kHz, one in five valid, no lockstep, timer clock, ~2.5 s each."""
-    node, _ = start_node(tmp_path, iris_model_path, QUIET)
-    # after a host stall the pacer below sends every frame it owes at once (1000 per 100 ms at 10 kHz);
-    # past the default SNDHWM (1000) PUB drops them unseen and the node cannot count them: queue them
-    # (the node drains its whole queue every cycle, so the counts stay exact)
+    # after a host stall the pacer below sends every frame it owes at once (1000 per 100 ms at 10 kHz), and a
+    # stalled node lets them pile up: past either default high-water mark (1000) libzmq drops them unseen and
+    # the node cannot count them. Queue them on both ends (the node drains its whole queue every cycle, so the
+    # counts stay exact however long the host stalls either process)
+    node, _ = start_node(tmp_path, iris_model_path, QUIET + "[limits]\nrecv_hwm = 100000\n")
     robot = Robot(node.endpoints, sndhwm=100_000)
     col = ActionCollector(node.endpoints["action"])
     examples = class_examples(policy)

@@ -265,7 +265,9 @@ def test_unknown_topic():
 def test_top_hz_echo_against_real_node(tmp_path, iris_model_path):
     cfg = tcp_config(tmp_path, tap=False)
     node = subprocess.Popen([PY, "-m", "control_node", "run", "--config", cfg, "--model", iris_model_path,
-                             "--duration", "8", "--cpu", "none",
+                             # a cap, not the test's length: SIGINT below ends it when the tools are done
+                             # (four tool processes in a row can take longer than 8 s on a loaded host)
+                             "--duration", "120", "--cpu", "none",
                              "--run-dir", tmp_path / "run"], cwd=CHILD_CWD, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=ENV)
     try:

@@ -5,9 +5,9 @@ import base64
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -458,13 +458,22 @@ def test_real_node_run_report(tmp_path, iris_model_path):
     cfg.write_text("[endpoints]\n" + "".join(f'{k} = "tcp://127.0.0.1:{p}"\n'
                                              for k, p in zip(("sensor", "action", "diagnostics"), ports)))
     launch = tmp_path / "launch"
+    # --duration is a cap: SIGINT ends the node once the simulator is done (a fixed 3 s ran out before a
+    # simulator started on a loaded host)
     node = subprocess.Popen([PY, "-m", "control_node", "run", "--config", cfg, "--model", iris_model_path,
-                             "--duration", "3", "--cpu", "none", "--run-dir", launch / "node"], cwd=CHILD_CWD, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, env=os.environ)
+                             "--duration", "120", "--cpu", "none", "--run-dir", launch / "node"], cwd=CHILD_CWD,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=os.environ)
     try:
-        time.sleep(0.7)
-        sim = cli("sim", "--config", cfg, "--duration", "1", "--run-dir", launch / "sim", timeout=60)
+        ready = ""
+        for line in node.stdout:            # the node's [node] lines, then `ready`
+            ready += line
+            if line.startswith("ready"):
+                break
+        assert "\nready" in "\n" + ready, ready + (node.communicate(timeout=30)[0] if node.poll() is not None else "")
+        sim = cli("sim", "--config", cfg, "--duration", "1.5", "--run-dir", launch / "sim", timeout=60)
+        node.send_signal(signal.SIGINT)
         node_out, _ = node.communicate(timeout=60)
+        node_out = ready + node_out
     finally:
         if node.poll() is None:
             node.kill()

@@ -92,6 +92,7 @@ cdef class RtLoop:
     cdef cn_vio *vio                        # NULL: CLOCK_MONOTONIC and the real sockets
     cdef bint has_sockets
     cdef volatile int stop_flag
+    cdef public volatile int waiting        # the driver reached its wait: the node is ready (sensor clock)
 
     # ---- the schedule (settings, then the driver's state between cycles) ----
     cdef public int64_t period_ns, deadline_ns, stale_after_ns, spin_ns, max_cycles, run_until_ns

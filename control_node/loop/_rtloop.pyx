@@ -106,6 +106,7 @@ cdef enum:
     ACTION_SAFE = -1
 
 # policy lifecycle (control_node.rundir: MAX_POLICIES, TRANSITIONS, TRANSITION_REASONS, SHADOW_CODES)
+DEF SENSOR_WAIT_SLICE_MS = 50  # the sensor clock's longest wait: a stop request is seen within it
 DEF TR_CAP = 4096              # transition records the control thread has not read yet, at most
 DEF TR_FIELDS = 7              # cycle, kind, slot, from_slot, reason, t_ns, seq the old policy acted on last
 cdef enum:
@@ -659,22 +660,36 @@ cdef class RtLoop:
             self.cycle(t_wake, got, early)
 
     cdef void _run_sensor_clock(self) noexcept nogil:
-        """One cycle per frame arrival; the safe action every stale_after while none comes."""
+        """One cycle per frame arrival; the safe action every stale_after while none comes. Each wait for a
+        frame lasts stale_after, cut into slices of at most SENSOR_WAIT_SLICE_MS so that a stop request,
+        --duration and a posted switch are seen within one slice, not one stale_after (with a 20 s watchdog a
+        node took 20 s to stop); the slices change nothing else."""
         cdef cn_pollitem_t item
-        cdef int64_t t_wake
+        cdef int64_t t_wake, now
+        cdef int64_t wait_until = 0      # the end of the current wait for a frame (0: none begun)
+        cdef int64_t wait_ns = max(<int64_t> 1, self.stale_after_ns // 1_000_000) * 1_000_000   # zmq_poll's ms
         cdef int got, rc
-        cdef long timeout_ms = max(<long> 1, <long> (self.stale_after_ns // 1000000))
+        cdef long timeout_ms
         item.socket = self.sub
         item.fd = 0
         item.events = ZMQ_POLLIN
+        self.waiting = 1
         while not self.stop_flag:
-            if self.run_until_ns > 0 and self._now() >= self.run_until_ns:
+            now = self._now()
+            if self.run_until_ns > 0 and now >= self.run_until_ns:
                 break
             self._apply_request()
+            if wait_until == 0:
+                wait_until = now + wait_ns
+            timeout_ms = <long> min(<int64_t> SENSOR_WAIT_SLICE_MS,
+                                    max(<int64_t> 0, (wait_until - now + 999_999) // 1_000_000))
             item.revents = 0
             rc = self.z_poll(&item, 1, timeout_ms)
             t_wake = self._now()
             got = self._drain() if rc > 0 else 0
+            if got == 0 and t_wake < wait_until:
+                continue        # a slice ended (or a signal came): the wait goes on
+            wait_until = 0
             if not (got & 1) and self.last_rx != 0 and t_wake - self.last_rx <= self.stale_after_ns:
                 continue        # nothing valid to answer and not stale yet
             self.cycle(t_wake, got, False)
