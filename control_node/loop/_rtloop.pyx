@@ -431,6 +431,7 @@ cdef class RtLoop:
         self.k = self.next_due = self.prev_wake = 0
         self.seq, self.tns, self.last_rx = 0, -1, 0
         self.have_seq, self.stale_state, self.last_safe = False, True, True
+        self.waiting = 0
 
     # ------------------------------------------------------------------ control
     def request_stop(self):
