@@ -64,8 +64,12 @@ class PendulumRos2:
         self.spinner.start()
 
     def _spin(self):
-        while not self.stop_spin.is_set() and self.rclpy.ok():
-            self.executor.spin_once(timeout_sec=0.05)
+        from rclpy.executors import ExternalShutdownException
+        try:
+            while not self.stop_spin.is_set() and self.rclpy.ok():
+                self.executor.spin_once(timeout_sec=0.05)
+        except ExternalShutdownException:
+            pass        # SIGINT: rclpy's own handler shut the context down under spin_once
 
     def _on_command(self, msg):
         now = time.monotonic_ns()

@@ -214,6 +214,7 @@ class Bridge:
 
     def run(self, duration_s=None, status_every_s=0.0, ready=print):
         rclpy = self.rclpy
+        from rclpy.executors import ExternalShutdownException
         os.environ.setdefault("ROS_DOMAIN_ID", str(self.recipe.domain_id))
         ctx_args = {"domain_id": self.recipe.domain_id}
         rclpy.init(**ctx_args)
@@ -253,8 +254,8 @@ class Bridge:
                 if next_status is not None and now >= next_status:
                     next_status = now + status_every_s
                     ready(self.status_line())
-        except KeyboardInterrupt:
-            pass
+        except (KeyboardInterrupt, ExternalShutdownException):
+            pass        # SIGINT: rclpy's own handler shut the context down, during or between spin_once calls
         finally:
             self.stop.set()
             if th is not None:
