@@ -351,10 +351,9 @@ def test_own_cycle_work_is_named_when_the_policy_is_slower_than_the_deadline(tmp
     # totals: a few 20 ms stalls would outweigh hundreds of cycles in misses_by_cause)
     misses = [e for e in w["events"] if e["miss"]]
     own = sum(e["cause"] == "own cycle work" for e in misses)
-    # the rest are late wake-ups larger than the overrun, mostly the host's (on a slow host 132 of 1012 were
-    # `hypervisor`: timer interrupts 140-230 us late): the policy's own work must still be most of them
-    # A stalled host names its own misses (`hypervisor`: one CI run had 434 of 1006): the rule is about the rest,
-    # which the overrunning policy must account for
+    # the rest are late wake-ups larger than the overrun, mostly the host's, which it names `hypervisor` (132 of
+    # 1012 on a slow host, 434 of 1006 in one stalled CI run): of the misses the host did not cause, the
+    # overrunning policy's own work must be most
     not_host = [e for e in misses if e["cause"] != "hypervisor"]
     assert not_host and own >= 0.7 * len(not_host), (w["text"], [e for e in not_host if e["cause"] != "own cycle work"][:5])
     assert w["misses_by_cause"]["own cycle work"] >= own
