@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from control_node.bench.harness import NodeProcess, make_endpoint_dir, run_cli as cn, write_node_config
+from support.nodeutil import assert_replay_compared_every_recorded_answer
 from test_record_replay import start_recorder
 
 
@@ -42,7 +43,9 @@ def test_sim_records_action_vectors_and_compares_them(setup):
     answered = rt["rtt_ns"] >= 0
     assert np.isnan(rt["u"][~answered]).all() and np.isfinite(rt["u"][answered]).all()
     ex = s["expected"]
-    assert ex["compared"] > 500 and ex["mismatches"] == 0 and ex["first_mismatch"] is None
+    # every answer that was not safe is compared (how many there are depends on the host's speed, not a rule)
+    assert ex["compared"] == int((answered & ~rt["safe"]).sum()) > 0
+    assert ex["mismatches"] == 0 and ex["first_mismatch"] is None
     # the answers are the policy's: recomputed here from the expected actions the stream carried
     policy = Policy.load(setup["model"])
     ok = answered & ~rt["safe"]
@@ -55,7 +58,7 @@ def test_replay_verify_compares_u(setup, tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     assert " 0 mismatches" in r.stdout
     s = json.loads((tmp_path / "rp" / "summary.json").read_text())
-    assert s["verify"]["mismatches"] == 0 and s["verify"]["compared"] > 500
+    assert_replay_compared_every_recorded_answer(setup["mcap"], setup["dir"] / "sim", s["verify"])
     assert s["policy"] == "continuous" and s["expected"]["mismatches"] == 0     # the recorded u_expected
 
 

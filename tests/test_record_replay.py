@@ -9,6 +9,7 @@ import time
 import pytest
 
 from control_node.bench.harness import CHILD_CWD, NodeProcess, child_env, make_endpoint_dir, run_cli as cn, write_node_config
+from support.nodeutil import assert_replay_compared_every_recorded_answer
 
 
 def start_recorder(config, out, *extra):
@@ -61,7 +62,7 @@ def test_replay_verify_zero_mismatches(setup, tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     assert " 0 mismatches" in r.stdout
     s = json.loads((tmp_path / "rp" / "summary.json").read_text())
-    assert s["verify"]["mismatches"] == 0 and s["verify"]["compared"] > 500
+    assert_replay_compared_every_recorded_answer(setup["mcap"], setup["dir"] / "sim", s["verify"])
 
 
 def test_replay_verify_other_model_reports_mismatches(setup, tmp_path):

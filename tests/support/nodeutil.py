@@ -225,3 +225,20 @@ class FedSockets:
         self.pub.close(0)
         self.ctx.term()
         return False
+
+
+def assert_replay_compared_every_recorded_answer(mcap, sim_dir, verify_summary):
+    """``replay --verify`` compared every answer the simulator got while the recorder was listening.
+
+    The recording's /sensor frames are exactly the simulator's frames between the first and last one it
+    holds (nothing lost inside the recording; frames published before the recorder's SUB joined the tap
+    are PUB/SUB's slow joiner), and ``compared`` covers every non-safe answer the simulator received for
+    them. Counts from the run's own evidence: a bound like "> 500 compared" measures the host's speed."""
+    from control_node.recording.reader import read_recording
+    sensor = [msgpack.unpackb(raw)["seq"] for raw, _ in read_recording(mcap, ["/sensor"])["/sensor"]]
+    rt = np.load(os.path.join(sim_dir, "roundtrip.npz"))
+    in_span = (rt["seq"] >= min(sensor)) & (rt["seq"] <= max(sensor))
+    assert sorted(sensor) == sorted(rt["seq"][in_span].tolist()), "the recording lost /sensor frames inside its span"
+    sim_answers = int((in_span & (rt["rtt_ns"] >= 0) & ~rt["safe"]).sum())
+    assert verify_summary["mismatches"] == 0
+    assert verify_summary["compared"] >= sim_answers > 0, (verify_summary["compared"], sim_answers)
