@@ -97,7 +97,10 @@ MLP_INLINE void MLP_FN(pre)(NAME *m, const double *x, T *restrict a0, int n0) {
         for (int i = 0; i < n0; i++) a0[i] = (T)((x[i] - m->mean[i]) / m->scale[i]);
     }
 }
-MLP_INLINE void MLP_FN(dense)(NAME *m) {
+/* Not inlined: six entry points per (dtype, ISA) call it, and six inlined copies of every weight kind's
+ * loops and every activation made the extension take 79 s to compile, 51 s with one (one call per forward
+ * pass; bench policy / bench recurrent C-level rows unchanged within their run-to-run spread). */
+MLP_OUTLINE void MLP_FN(dense)(NAME *m) {
     const int L = m->n_layers;
     for (int l = 0; l < L; l++) {
         const int code = m->act_code[l], relu = code == MLP_ACT_RELU;
@@ -160,7 +163,8 @@ MLP_INLINE int MLP_FN(rnn_gates)(NAME *m, const int pH, const int nv, const int 
 }
 /* One step of the recurrent layer on m->xin (see the header comment): 0, or -1 when */
 /* the new state is not finite (the state is then zero and *resets incremented). */
-MLP_INLINE int MLP_FN(rnn_step)(NAME *m) {
+/* Not inlined, as dense() above (three recurrent entry points per copy). */
+MLP_OUTLINE int MLP_FN(rnn_step)(NAME *m) {
     const int pH = m->pH, nv = pH / BLK, lstm = m->rnn == MLP_RNN_LSTM;
     MLP_FN(panels_w)(m->xin, m->n_obs, m->Wx, m->bx, m->wsx, m->gx, m->pg, 0, m->wkind);
     MLP_FN(panels_w)(m->h, m->H, m->Wh, m->bh, m->wsh, m->gh, m->pg, 0, m->wkind);

@@ -84,8 +84,10 @@ enum { MLP_ISA_AUTO = 0, MLP_ISA_PORTABLE = 1, MLP_ISA_AVX2 = 2, MLP_ISA_AVX512 
 
 #if defined(__GNUC__)
 #define MLP_INLINE static inline __attribute__((always_inline))
+#define MLP_OUTLINE static __attribute__((noinline))
 #else
 #define MLP_INLINE static inline
+#define MLP_OUTLINE static
 #endif
 
 

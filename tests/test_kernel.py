@@ -293,10 +293,11 @@ def test_consistency_error_on_mismatched_spec(make_spec):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_small_shape_kernels_cover_their_range_and_match_reference(dtype):
     """One hidden layer, <= 8 inputs, <= 32 hidden units, classes in 64 bytes run the compile-time-
-    shaped kernels (head groups of 32 bytes: one or two); the shapes just outside run the generic ones."""
+    shaped kernels (head groups of 32 bytes: one or two); the shapes just outside run the generic ones.
+    Every input count 1-8 (one compile-time kernel each)."""
     max_out = 64 // np.dtype(dtype).itemsize
     seen = set()
-    for n_in in (1, 4, 8, 9):
+    for n_in in range(1, 10):
         for hidden in (1, 5, 8, 9, 16, 17, 32, 33):
             for n_out in (1, 2, 3, 4, 5, 8, 9, 16, 17):
                 spec = random_spec([n_in, hidden, n_out], dtype=dtype, seed=n_in * 1000 + hidden * 20 + n_out)
@@ -313,7 +314,7 @@ def test_baseline_sse2_copy_matches_reference():
     the small compile-time-shaped kernels and the generic ones, both dtypes."""
     from conftest import random_spec
     seen = set()
-    for sizes in ([4, 16, 3], [4, 13, 3], [7, 32, 5], [8, 9, 8], [3, 70, 9], [12, 200, 3], [4, 16, 16, 3]):
+    for sizes in ([4, 16, 3], [4, 13, 3], [1, 8, 2], [2, 24, 3], [5, 16, 7], [6, 20, 4], [7, 32, 5], [8, 9, 8], [3, 70, 9], [12, 200, 3], [4, 16, 16, 3]):
         for dtype in ("float64", "float32"):
             spec = random_spec(sizes, dtype=dtype, seed=len(sizes))
             p = Policy(spec, isa="sse2")
