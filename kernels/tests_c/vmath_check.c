@@ -323,22 +323,24 @@ static long double inv_ulp_of(long double ref, int is_f) {
 }
 
 /* Check one lane against the reference ref (iulp: inv_ulp_of(ref)). is_f: float type. */
-static void check(stat_t *st, int f, int is_f, const char *ty, const char *isa, double x, double out,
-                  long double ref, long double iulp) {
+/* Every rule on one output; returns its error in ulp, or -1 when the output was not a finite number
+ * compared by error (NaN / inf cases, checked by rule only). */
+static double check(stat_t *st, int f, int is_f, const char *ty, const char *isa, double x, double out,
+                    long double ref, long double iulp) {
     const char *fn = FNAME[f];
     if (isnan(x)) {
         if (!isnan(out)) fail(st, fn, ty, isa, x, out, ref, "NaN input gave a non-NaN");
-        return;
+        return -1;
     }
     if (isnan(ref)) {
         if (!isnan(out)) fail(st, fn, ty, isa, x, out, ref, "expected NaN");
-        return;
+        return -1;
     }
-    if (isnan(out)) { fail(st, fn, ty, isa, x, out, ref, "NaN from a non-NaN input"); return; }
+    if (isnan(out)) { fail(st, fn, ty, isa, x, out, ref, "NaN from a non-NaN input"); return -1; }
     const double rr = is_f ? (double)(float)ref : (double)ref;   /* ref rounded to the type */
     if (isinf(rr) || isinf(out)) {
         if (out != rr) fail(st, fn, ty, isa, x, out, ref, "overflow / inf mismatch");
-        return;
+        return -1;
     }
     /* rules stated in vmath.h */
     if (isinf(x) && out != rr) fail(st, fn, ty, isa, x, out, ref, "+-inf input: not exactly the limit");
@@ -382,6 +384,7 @@ static void check(stat_t *st, int f, int is_f, const char *ty, const char *isa, 
         snprintf(why, sizeof why, "%.3f ulp > bound %.2f", err, BOUND[f][is_f]);
         fail(st, fn, ty, isa, x, out, ref, why);
     }
+    return err;
 }
 
 int main(int argc, char **argv) {
@@ -406,7 +409,8 @@ int main(int argc, char **argv) {
     double *xd = aligned_alloc(64, CH * sizeof(double)), *od = aligned_alloc(64, CH * sizeof(double));
     float *xf = aligned_alloc(64, CH * sizeof(float)), *of = aligned_alloc(64, CH * sizeof(float));
     long double *ref = malloc(CH * sizeof(long double)), *ulp = malloc(CH * sizeof(long double));
-    if (!xd || !od || !xf || !of || !ref || !ulp) { perror("alloc"); return 2; }
+    double *out0 = malloc(CH * sizeof(double)), *err0 = malloc(CH * sizeof(double));   /* the first copy's */
+    if (!xd || !od || !xf || !of || !ref || !ulp || !out0 || !err0) { perror("alloc"); return 2; }
     for (int e = -1200; e < 1200; e++) POW2[e + 1200] = ldexpl(1.0L, e);
 
     for (int is_f = 0; is_f < 2; is_f++) {
@@ -426,13 +430,28 @@ int main(int argc, char **argv) {
                     ulp[i] = inv_ulp_of(ref[i], is_f);
                     xd[i] = x; xf[i] = (float)x;
                 }
+                int first = 1;
                 for (int k = 0; k < nisa; k++) {
                     if (!isas[k].avail) continue;
                     if (is_f) isas[k].ff(f, xf, of, n, (float)alpha);
                     else isas[k].fd(f, xd, od, n, alpha);
-                    for (size_t i = 0; i < n; i++)
-                        check(&st[k], f, is_f, ty, isas[k].name, xd[i], is_f ? (double)of[i] : od[i],
-                              ref[i], ulp[i]);
+                    for (size_t i = 0; i < n; i++) {
+                        const double out = is_f ? (double)of[i] : od[i];
+                        /* The copies mostly give the same bits: an output equal to the first copy's, which
+                         * passed every rule, has the same error, so the long double checks run once per
+                         * input (clang build: 35 -> 16 s); any other output is checked in full. */
+                        if (!first && err0[i] >= 0 && same_bits(out, out0[i])) {
+                            if (err0[i] > st[k].maxerr) {
+                                st[k].maxerr = err0[i]; st[k].at_x = xd[i]; st[k].at_out = out;
+                                st[k].at_ref = ref[i];
+                            }
+                            continue;
+                        }
+                        const long before = st[k].fails;
+                        const double err = check(&st[k], f, is_f, ty, isas[k].name, xd[i], out, ref[i], ulp[i]);
+                        if (first) { out0[i] = out; err0[i] = st[k].fails == before ? err : -1; }
+                    }
+                    first = 0;
                 }
             }
             char label[48];
