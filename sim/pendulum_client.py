@@ -22,22 +22,6 @@ from control_node.sim import pendulum as P
 from control_node.sim.engine import write_summary
 
 
-def _deriv(theta, omega, u):
-    return omega, 3 * P.G / (2 * P.L) * math.sin(theta) + 3.0 / (P.M * P.L * P.L) * u
-
-
-def _rk4(theta, omega, u, dt):
-    """One RK4 step in plain floats (the numpy version in pendulum.py is the reference for tests)."""
-    u = max(-P.MAX_TORQUE, min(P.MAX_TORQUE, u))
-    k1 = _deriv(theta, omega, u)
-    k2 = _deriv(theta + 0.5 * dt * k1[0], omega + 0.5 * dt * k1[1], u)
-    k3 = _deriv(theta + 0.5 * dt * k2[0], omega + 0.5 * dt * k2[1], u)
-    k4 = _deriv(theta + dt * k3[0], omega + dt * k3[1], u)
-    theta += dt / 6.0 * (k1[0] + 2 * k2[0] + 2 * k3[0] + k4[0])
-    omega += dt / 6.0 * (k1[1] + 2 * k2[1] + 2 * k3[1] + k4[1])
-    return math.remainder(theta, 2 * math.pi), max(-P.MAX_SPEED, min(P.MAX_SPEED, omega))
-
-
 class PendulumClient:
     """A PUB to the node's sensor endpoint and a SUB to its actions, driving the pendulum physics."""
 
@@ -201,7 +185,8 @@ class PendulumClient:
                         tap.send(raw, zmq.NOBLOCK)
             if push_steps and k and k % push_steps == 0:
                 omega = max(-P.MAX_SPEED, min(P.MAX_SPEED, omega + self.push))
-            tr_t[k], tr_theta[k], tr_u[k], tr_safe[k] = k * dt, theta, max(-P.MAX_TORQUE, min(P.MAX_TORQUE, u_cmd)), cmd_safe
+            u_applied = max(-P.MAX_TORQUE, min(P.MAX_TORQUE, u_cmd))
+            tr_t[k], tr_theta[k], tr_u[k], tr_safe[k] = k * dt, theta, u_applied, cmd_safe
             tr_omega[k] = omega
             if state is not None:
                 try:
@@ -209,7 +194,7 @@ class PendulumClient:
                                zmq.NOBLOCK)
                 except zmq.Again:
                     pass
-            theta, omega = _rk4(theta, omega, u_cmd, dt)
+            theta, omega = P.rk4(theta, omega, u_applied, dt)
             if stopper is not None and stopper.stop:
                 n = k + 1
                 break

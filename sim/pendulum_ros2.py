@@ -3,7 +3,7 @@
 It publishes ``sensor_msgs/msg/JointState`` on ``/joint_states`` (one joint, ``theta``: position, velocity,
 effort = the torque applied) at the observation rate and takes effort commands as
 ``std_msgs/msg/Float64MultiArray`` on ``/pendulum_controller/commands`` (a JointGroupEffortController's
-topic), each held until the next arrives. The physics is the ZeroMQ simulator's (``pendulum_client._rk4``,
+topic), each held until the next arrives. The physics is the ZeroMQ simulator's (``pendulum.rk4``,
 same schedule, same score), so a run through ROS 2 scores on the same scale as a direct one.
 
 ROS 2 commands carry no frame number: a state's round trip is the time to the first command that arrived
@@ -19,7 +19,6 @@ import numpy as np
 
 from control_node.errors import UserError
 from control_node.sim import pendulum as P
-from control_node.sim.pendulum_client import _rk4
 
 JOINT = "theta"
 STATE_TOPIC = "/joint_states"
@@ -165,7 +164,7 @@ class PendulumRos2:
             if push_steps and k and k % push_steps == 0:
                 omega = max(-P.MAX_SPEED, min(P.MAX_SPEED, omega + self.push))
             tr_t[k], tr_theta[k], tr_omega[k], tr_u[k] = k * dt, theta, omega, u_applied
-            theta, omega = _rk4(theta, omega, u_cmd, dt)
+            theta, omega = P.rk4(theta, omega, u_applied, dt)
             if stopper is not None and stopper.stop:
                 n = k + 1
                 break
