@@ -1,8 +1,42 @@
 """Shared fixtures. Keep this small: helpers used by more than one test module only."""
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import os
+import tempfile
+
 import numpy as np
 import pytest
+
+_LOCK_DIR = os.path.join(tempfile.gettempdir(), f"control-node-tests-{os.getuid()}")
+
+
+@contextlib.contextmanager
+def _machine_lock(exclusive):
+    """A readers-writer lock over every test process on the machine (both -n workers, and any other run
+    of the suite): a test marked ``machine_exclusive`` runs with no other test beside it; the others share.
+    A waiting exclusive test holds the gate, so new shared ones queue behind it instead of starving it."""
+    os.makedirs(_LOCK_DIR, exist_ok=True)
+    with open(os.path.join(_LOCK_DIR, "gate"), "a") as gate, open(os.path.join(_LOCK_DIR, "machine"), "a") as lk:
+        fcntl.flock(gate, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(lk, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        finally:
+            fcntl.flock(gate, fcntl.LOCK_UN)
+        try:
+            yield
+        finally:
+            fcntl.flock(lk, fcntl.LOCK_UN)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Around setup, call and teardown (module fixtures' processes included): see _machine_lock. Found by a
+    fresh-clone run of `pytest -n 2`: an isolation test moved the other worker's launch off the loop core,
+    and the simulator that launch started meanwhile kept that one-core mask."""
+    with _machine_lock(item.get_closest_marker("machine_exclusive") is not None):
+        yield
 
 
 def random_spec(sizes, dtype="float64", seed=0, weight_scale=1.0):

@@ -47,6 +47,7 @@ def wait_for(pred, timeout=20.0):
     return False
 
 
+@pytest.mark.machine_exclusive      # it moves every process's threads, the other -n worker's tests' too
 def test_isolation_moves_others_off_the_core_and_back(tmp_path, continuous_f64_model_path):
     core = max(os.sched_getaffinity(0))
     bystander = subprocess.Popen(["sleep", "60"])
@@ -81,6 +82,7 @@ def test_isolation_moves_others_off_the_core_and_back(tmp_path, continuous_f64_m
     assert all(r["reason"] for r in iso["threads_refused"])
 
 
+@pytest.mark.machine_exclusive
 def test_a_killed_node_leaves_a_restore_file_that_doctor_restores(tmp_path, continuous_f64_model_path):
     core = max(os.sched_getaffinity(0))
     bystander = subprocess.Popen(["sleep", "60"])
