@@ -267,7 +267,10 @@ def test_calls_allocate_nothing(iris_spec, dtype, loop):
     n = 100_000
     baseline = min(_allocations(loop, policy, x, 0) for _ in range(3))
     measured = min(_allocations(loop, policy, x, n) for _ in range(3))
-    assert measured[0] <= baseline[0], f"{measured[0]} blocks still allocated after {n} calls"
+    # sys.getallocatedblocks counts the whole process: under pytest -n the worker's I/O thread can hold a block
+    # or two while the loop runs (a fresh-clone run saw 2 against 1). Any allocation kept per call would leave
+    # thousands; the peak below catches transient ones.
+    assert measured[0] <= baseline[0] + 2, f"{measured[0]} blocks still allocated after {n} calls"
     assert measured[1] <= baseline[1], f"{measured[1]} bytes still traced after {n} calls"
     assert measured[2] <= baseline[2], f"peak {measured[2]} bytes over {n} calls vs {baseline[2]} for none"
 
