@@ -336,9 +336,15 @@ def test_sensor_flood_20khz(tmp_path, iris_model_path, policy):
     assert report["sent"] / report["elapsed_s"] > 15000                # it really was ~20 kHz
     # the loop kept ~1 kHz through the flood
     assert in_span.sum() + summary["skipped_ticks"] >= 0.95 * dur * 1000
-    # newest frame always: answered seqs strictly increase, ~20 frames apart, and are fresh
+    # newest frame always: answered seqs strictly increase, as far apart as the frames sent between, and fresh
     assert np.all(step > 0)
-    assert 10 <= np.median(step) <= 30
+    # newest, not next: each answered frame is ~ the frames the flood sent since the previous answer's tick (its
+    # average rate times the ticks' gap), so a host stall that spaces the cycles out spaces the seqs out with them
+    # (a fixed "<= 30 frames" failed at 31 on a loaded host)
+    per_ms = report["sent"] / report["elapsed_s"] / 1000
+    expected = per_ms * np.diff(span) / 1e6
+    ratio = np.median(step / expected)
+    assert 0.5 <= ratio <= 2, (ratio, np.median(step), per_ms)
     assert np.median(age) < 1_000_000
     # every frame counted once: answered + superseded = accepted; accepted ~ received
     assert int(new.sum()) + summary["superseded"] == summary["frames_valid"]
