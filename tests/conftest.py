@@ -81,6 +81,22 @@ def policy(iris_model_path):
     return Policy.load(iris_model_path)
 
 
+@pytest.fixture(scope="session")
+def pendulum_spec():
+    """The pendulum swing-up policy (`train --task pendulum`'s), trained once per session (7 s of CPU)."""
+    from control_node.train.pendulum import train_pendulum
+    return train_pendulum()
+
+
+@pytest.fixture(scope="session")
+def pendulum_model(pendulum_spec, tmp_path_factory):
+    """A verified model file for :func:`pendulum_spec` (path as a string)."""
+    from control_node.train.pendulum import export_verified
+    path = tmp_path_factory.mktemp("pendulum") / "pendulum.npz"
+    export_verified(pendulum_spec, path)
+    return str(path)
+
+
 def continuous_spec(dtype="float32", seed=0, sizes=(6, 32, 32, 4), squash=True, weight_scale=1.0):
     """A continuous :class:`kernels.ModelSpec`: ELU hidden layers, identity output, tanh squash, per-action
     offset (a "default pose") and scale, random weights; action names j0..j{n-1}."""

@@ -18,10 +18,13 @@ import pytest
 from control_node import rundir
 from control_node.bench.harness import CHILD_CWD, child_env, free_tcp_ports, make_endpoint_dir, run_cli
 from control_node.live import channels as ch
+from support.netns import Namespace
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CLIENT_DIR = os.path.join(HERE, "foxglove_client")
 LAYOUTS = os.path.join(os.path.dirname(HERE), "configs", "foxglove")
+# min / default / max bytes of a TCP socket's buffers, inside the never-reading viewer's namespace
+SMALL_TCP_BUFFERS = {"net.ipv4.tcp_rmem": "4096 16384 65536", "net.ipv4.tcp_wmem": "4096 16384 65536"}
 
 
 def _sdk():
@@ -36,14 +39,6 @@ needs_sdk = pytest.mark.skipif(not _sdk(), reason="foxglove-sdk is not installed
 needs_client = pytest.mark.skipif(
     shutil.which("node") is None or not os.path.isdir(os.path.join(CLIENT_DIR, "node_modules", "@foxglove")),
     reason="the Node.js viewer needs node and `npm ci` in tests/foxglove_client (@foxglove/ws-protocol)")
-
-
-@pytest.fixture(scope="module")
-def pendulum_model(tmp_path_factory):
-    from control_node.train.pendulum import export_verified, train_pendulum
-    path = tmp_path_factory.mktemp("pendulum") / "pendulum.npz"
-    export_verified(train_pendulum(), path)
-    return str(path)
 
 
 def write_config(path, ep_dir, model, duration, foxglove_args=(), listen=None):
@@ -81,10 +76,13 @@ sensor_tap = "ipc://{ep_dir}/sensor_tap"
     return path
 
 
-def start_launch(cfg, run_dir, *extra):
-    return subprocess.Popen([sys.executable, "-m", "control_node", "launch", str(cfg), "--run-dir", str(run_dir),
-                             *extra], cwd=CHILD_CWD, env=child_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, bufsize=1, start_new_session=True)
+def start_launch(cfg, run_dir, *extra, ns=None):
+    cmd = [sys.executable, "-m", "control_node", "launch", str(cfg), "--run-dir", str(run_dir), *extra]
+    if ns is not None:
+        return ns.popen(*cmd, cwd=CHILD_CWD, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, bufsize=1,
+                        start_new_session=True)
+    return subprocess.Popen(cmd, cwd=CHILD_CWD, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, bufsize=1, start_new_session=True)
 
 
 def wait_for_line(proc, prefix, timeout=120):
@@ -99,10 +97,11 @@ def wait_for_line(proc, prefix, timeout=120):
     raise AssertionError(f"no {prefix!r} line:\n" + "".join(lines))
 
 
-def viewer(port, out, seconds, *flags):
-    return subprocess.Popen(["node", os.path.join(CLIENT_DIR, "client.cjs"), f"ws://127.0.0.1:{port}", str(out),
-                             str(seconds), *flags], cwd=CLIENT_DIR, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+def viewer(port, out, seconds, *flags, ns=None):
+    cmd = ["node", os.path.join(CLIENT_DIR, "client.cjs"), f"ws://127.0.0.1:{port}", str(out), str(seconds), *flags]
+    if ns is not None:
+        return ns.popen(*cmd, cwd=CLIENT_DIR, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    return subprocess.Popen(cmd, cwd=CLIENT_DIR, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
 def finish(proc, timeout=120):
@@ -205,11 +204,11 @@ def test_a_viewer_receives_every_channel_with_the_values_the_run_recorded(tmp_pa
     assert abs(offsets.pop() - (time.time_ns() - time.monotonic_ns())) < 5e9
 
 
-def kernel_queued(port):
+def kernel_queued(port, pid):
     """Bytes the kernel holds on the loopback TCP connections of ``port`` (send and receive queues, both
-    ends), from /proc/net/tcp."""
+    ends), from the /proc/net/tcp of ``pid``'s network namespace."""
     total = 0
-    with open("/proc/net/tcp") as f:
+    with open(f"/proc/{pid}/net/tcp") as f:
         next(f)
         for line in f:
             cols = line.split()
@@ -228,33 +227,40 @@ def test_a_viewer_that_never_reads_is_dropped_for_and_costs_the_node_nothing(tmp
     time bound: of what the live view owed it, more than the kernel's socket buffers hold was neither
     delivered nor kept (the live view's memory grew by less than half of it: it dropped); the live view
     still converted every frame the simulator sent (it never stalled, so nothing backed up towards the
-    node); the node's action sends never failed."""
+    node); the node's action sends never failed. The launch and the viewer run in a network namespace of
+    their own whose TCP buffers are capped at 64 KiB (the host's let ~4 MB queue in the kernel, which took a
+    20 s run to exceed by 1 MB; here 8 s do)."""
     ep_dir = make_endpoint_dir()
-    (port,) = free_tcp_ports(1)
-    cfg = write_config(tmp_path / "pendulum.toml", ep_dir, pendulum_model, duration=20,
+    port = 8765
+    cfg = write_config(tmp_path / "pendulum.toml", ep_dir, pendulum_model, duration=8,
                        foxglove_args=("--every", "1"))
     run_dir = tmp_path / "run"
-    proc = start_launch(cfg, run_dir, "--foxglove", f"127.0.0.1:{port}")
-    head = "".join(wait_for_line(proc, "foxglove listening"))
-    live_pid = int(re.search(r"started foxglove \(pid (\d+)\)", head).group(1))
-    head += "".join(wait_for_line(proc, "started sim"))
-    v = viewer(port, tmp_path / "stalled.json", 19, "--stall")
-    live = psutil.Process(live_pid)
-    time.sleep(3.0)
-    rss0 = live.memory_info().rss
-    peak, queued = rss0, 0
-    while v.poll() is None:
-        try:
-            peak = max(peak, live.memory_info().rss)
-        except psutil.NoSuchProcess:
-            break
-        queued = max(queued, kernel_queued(port))
-        time.sleep(0.2)
-    rest = finish(proc)
+    ns = Namespace("foxglove", sysctls=SMALL_TCP_BUFFERS).up()
+    try:
+        proc = start_launch(cfg, run_dir, "--foxglove", f"127.0.0.1:{port}", ns=ns)
+        head = "".join(wait_for_line(proc, "foxglove listening"))
+        live_pid = int(re.search(r"started foxglove \(pid (\d+)\)", head).group(1))
+        head += "".join(wait_for_line(proc, "started sim"))
+        v = viewer(port, tmp_path / "stalled.json", 7, "--stall", ns=ns)
+        live = psutil.Process(live_pid)
+        time.sleep(3.0)
+        rss0 = live.memory_info().rss
+        peak, queued = rss0, 0
+        while v.poll() is None:
+            try:
+                peak = max(peak, live.memory_info().rss)
+            except psutil.NoSuchProcess:
+                break
+            queued = max(queued, kernel_queued(port, live_pid))
+            time.sleep(0.2)
+        rest = finish(proc)
+    finally:
+        ns.close()
     log = head + rest
     assert proc.returncode == 0, log
     sent = int(re.search(r"(\d+) bytes encoded for viewers", log).group(1))
     owed_beyond_kernel = sent - queued
+    print(f"encoded for the viewer {sent} B, kernel queued at most {queued} B, live view RSS +{peak - rss0} B")
     assert owed_beyond_kernel > 1e6, (sent, queued, log)     # the viewer's queue overflowed for real
     assert peak - rss0 < owed_beyond_kernel / 2, (peak - rss0, sent, queued)
     sim = json.loads((run_dir / "sim" / "summary.json").read_text())

@@ -36,12 +36,6 @@ def test_score_finds_upright_and_falls():
     assert sc.falls == 1
 
 
-@pytest.fixture(scope="module")
-def pendulum_spec():
-    from control_node.train.pendulum import train_pendulum
-    return train_pendulum()
-
-
 def test_trained_policy_swings_up_and_balances_through_the_kernel(pendulum_spec):
     from control_node.kernels import Policy, check_consistency
     policy = Policy(pendulum_spec)

@@ -15,14 +15,6 @@ from control_node.bench.harness import CHILD_CWD, child_env, make_endpoint_dir
 from control_node.endpoints import default_config
 
 
-@pytest.fixture(scope="module")
-def pendulum_model(tmp_path_factory):
-    from control_node.train.pendulum import export_verified, train_pendulum
-    path = tmp_path_factory.mktemp("pendulum") / "pendulum.npz"
-    export_verified(train_pendulum(), path)
-    return path
-
-
 def launch_config(tmp_path, model, sim_args, packaged="pendulum.toml"):
     """The packaged config's loop rates and watchdog (``configs/pendulum.toml`` unless said) with private
     endpoints, this model and these sim arguments."""
