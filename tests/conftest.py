@@ -39,6 +39,21 @@ def pytest_runtest_protocol(item, nextitem):
         yield
 
 
+def pytest_configure(config):
+    """Byte-compile the package once, in the controlling process, before any worker starts: the suite starts
+    ~400 Python children (nodes, simulators, the CLI) and with PYTHONDONTWRITEBYTECODE=1 (set on the machines
+    here) each compiled the package's sources again, ~0.13 CPU-s per start (node start 0.88 -> 0.72 CPU-s).
+    Python still reads a __pycache__ it may not write; an installed package has its own already."""
+    if hasattr(config, "workerinput"):
+        return
+    import compileall
+    import importlib.util
+    for name in ("control_node", "control_node.kernels", "control_node.train", "control_node.sim",
+                 "control_node.bench"):
+        for path in importlib.util.find_spec(name).submodule_search_locations:
+            compileall.compile_dir(path, quiet=2)
+
+
 def random_spec(sizes, dtype="float64", seed=0, weight_scale=1.0):
     """A :class:`kernels.ModelSpec` with random weights for layer widths ``sizes = [n_in, ..., n_out]``."""
     from control_node.kernels import ModelSpec

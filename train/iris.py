@@ -1,6 +1,6 @@
 """Train the iris policy and export a verified model file.
 
-``control-node train`` lands here. The data ships with scikit-learn (no download).
+``control-node train`` lands here. The data ships with the package (control_node.sim's iris.csv, scikit-learn's copy; no download).
 """
 from __future__ import annotations
 
@@ -17,13 +17,12 @@ DEFAULT_OUT = os.path.join("models", "iris.npz")
 
 def load_iris_split(test_size=0.3, seed=0):
     """Stratified split of iris: ``(X_train, X_test, y_train, y_test, feature_names, class_names)``."""
-    from sklearn.datasets import load_iris
     from sklearn.model_selection import train_test_split
-    data = load_iris()
-    Xtr, Xte, ytr, yte = train_test_split(data.data, data.target, test_size=test_size,
-                                          random_state=seed, stratify=data.target)
-    return (Xtr, Xte, ytr, yte, [str(f) for f in data.feature_names],
-            [str(c) for c in data.target_names])
+    from control_node.sim.streams import iris_data
+    data = iris_data()
+    Xtr, Xte, ytr, yte = train_test_split(data.X, data.y.astype(np.int64), test_size=test_size,
+                                          random_state=seed, stratify=data.y)
+    return Xtr, Xte, ytr, yte, list(data.feature_names), list(data.class_names)
 
 
 def train_iris(hidden=(16,), dtype="float64", seed=0, trainer="numpy", epochs=400):
