@@ -8,7 +8,6 @@ import os
 import subprocess
 import sys
 
-import pytest
 
 from support.nodeutil import assert_answered_or_superseded
 from control_node.bench.harness import CHILD_CWD, child_env, make_endpoint_dir
