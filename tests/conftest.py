@@ -73,6 +73,14 @@ def make_spec():
     return random_spec
 
 
+def _exported(export_verified, spec, tmp_path_factory, name):
+    """``spec`` written by its trainer's ``export_verified`` (checked against the numpy reference) to a fresh
+    directory; its path."""
+    path = tmp_path_factory.mktemp("models") / name
+    export_verified(spec, path)
+    return path
+
+
 @pytest.fixture(scope="session")
 def iris_spec():
     """The default iris policy (4 -> 16 -> 3, float64, seed 0), trained once per session."""
@@ -84,9 +92,7 @@ def iris_spec():
 def iris_model_path(iris_spec, tmp_path_factory):
     """A verified model file for :func:`iris_spec`."""
     from control_node.train.iris import export_verified
-    path = tmp_path_factory.mktemp("models") / "iris.npz"
-    export_verified(iris_spec, path)
-    return path
+    return _exported(export_verified, iris_spec, tmp_path_factory, "iris.npz")
 
 
 @pytest.fixture(scope="session")
@@ -107,9 +113,7 @@ def pendulum_spec():
 def pendulum_model(pendulum_spec, tmp_path_factory):
     """A verified model file for :func:`pendulum_spec` (path as a string)."""
     from control_node.train.pendulum import export_verified
-    path = tmp_path_factory.mktemp("pendulum") / "pendulum.npz"
-    export_verified(pendulum_spec, path)
-    return str(path)
+    return str(_exported(export_verified, pendulum_spec, tmp_path_factory, "pendulum.npz"))
 
 
 def continuous_spec(dtype="float32", seed=0, sizes=(6, 32, 32, 4), squash=True, weight_scale=1.0):
