@@ -62,14 +62,14 @@ def fed_node(tmp_path, model, extra, duration):
     """A node for ``duration`` s fed at 1 kHz by the benchmark feeder (6 features)."""
     node, cfg = start_node(tmp_path, model, extra="[watchdog]\nstale_after_ms = 200.0\n" + _with_attribution(extra),
                            args=("--duration", duration))
-    feeder = subprocess.Popen([sys.executable, "-m", "control_node.bench.peers.feeder", node.endpoints["sensor"],
-                               "1000", str(duration + 3), "6"], cwd=CHILD_CWD)
     # off the loop core, as launch places its children: unpinned, the feeder (a `python` task) ran on the loop
     # core beside the loop and was named for 769 of 1017 misses in a fresh-clone run of the own-work test
     loop_cpu = node.endpoints["loop_cpu"]           # "none": an unpinned loop
     others = os.sched_getaffinity(0) - {int(loop_cpu)} if loop_cpu.isdigit() else set()
-    if others:
-        os.sched_setaffinity(feeder.pid, others)
+    feeder = subprocess.Popen([sys.executable, "-m", "control_node.bench.peers.feeder", node.endpoints["sensor"],
+                               "1000", str(duration + 3), "6"], cwd=CHILD_CWD)
+    if others:      # at once: the child is still starting Python, long before its ZeroMQ threads (no preexec_fn,
+        os.sched_setaffinity(feeder.pid, others)    # which is unsafe in the threaded xdist worker)
     return node, feeder
 
 
