@@ -26,8 +26,12 @@ class PendulumClient:
     """A PUB to the node's sensor endpoint and a SUB to its actions, driving the pendulum physics."""
 
     def __init__(self, endpoints, curve=None, rate_hz=1000.0, physics_hz=1000.0, delay_us=0.0, drop=0.0,
-                 noise=0.0, push_every_s=0.0, push=0.0, seed=0, handshake_timeout=10.0, tap=None, state=None):
-        """``tap``: bind a PUB there re-publishing every frame sent (the sensor tap, for record and the live
+                 noise=0.0, push_every_s=0.0, push=0.0, seed=0, handshake_timeout=10.0, tap=None, state=None,
+                 lockstep=False):
+        """``lockstep``: simulated time waits for the node: each frame is answered before the physics steps on
+        (the answer applies at once, ``delay_us`` later in simulated time), so the score does not depend on how
+        fast the host runs the loop; a frame unanswered for ``handshake_timeout`` s ends the run with an error.
+        ``tap``: bind a PUB there re-publishing every frame sent (the sensor tap, for record and the live
         view); ``state``: bind a PUB there publishing each physics step's state ``{"step", "t_ns", "theta",
         "omega", "u"}`` (the live view's /sim/pendulum). None: not published, nothing spent on it."""
         import zmq
@@ -58,6 +62,7 @@ class PendulumClient:
         self.rng = np.random.default_rng(seed)
         self.handshake_timeout = handshake_timeout
         self.seed = seed
+        self.lockstep = bool(lockstep)
 
     def _bind_pub(self, ctx, ep, what):
         if not ep:
@@ -114,6 +119,18 @@ class PendulumClient:
         raise UserError(f"no answer from a node within {self.handshake_timeout:g} s (sensor "
                         f"{self.endpoints['sensor']}, action {self.endpoints['action']}); is it running?")
 
+    def _await_answer(self, answered, take, f, stopper):
+        """Lockstep: take actions until ``answered()``; a UserError after ``handshake_timeout`` s without."""
+        deadline = time.monotonic() + self.handshake_timeout
+        while not answered():
+            if stopper is not None and stopper.stop:
+                return
+            if time.monotonic() > deadline:
+                raise UserError(f"lockstep: no answer to frame {f} within {self.handshake_timeout:g} s (sensor "
+                                f"{self.endpoints['sensor']}, action {self.endpoints['action']}); did the node "
+                                "stop? (--timeout sets the wait)")
+            take(20)
+
     def run(self, duration_s=10.0, theta0=math.pi, omega0=0.0, stopper=None):
         """Closed loop for ``duration_s`` seconds; returns the trace and counters (numpy arrays)."""
         import msgpack
@@ -141,17 +158,15 @@ class PendulumClient:
         actions = safe_actions = dropped = 0
         push_steps = int(round(self.push_every_s * self.physics_hz)) if self.push_every_s > 0 else 0
         unpack, recv, poll = msgpack.unpackb, self.sub.recv, self.sub.poll
+        lockstep = self.lockstep
+        step_ns = int(dt * 1e9)
         t0 = time.monotonic_ns() + 2_000_000
-        for k in range(n):
-            due = t0 + int(k * dt * 1e9)
-            while True:                        # sleep, then spin the last 100 us
-                left = due - time.monotonic_ns()
-                if left <= 0:
-                    break
-                if left > 150_000:
-                    time.sleep((left - 100_000) / 1e9)
-            now = time.monotonic_ns()
-            while poll(0):                     # drain every action that arrived
+
+        def drain(wait_ms):
+            """Take every action that arrived (waiting up to ``wait_ms`` for the first)."""
+            nonlocal actions, safe_actions
+            while poll(wait_ms):
+                wait_ms = 0
                 try:
                     a = unpack(recv(zmq.NOBLOCK))
                 except zmq.Again:
@@ -164,11 +179,27 @@ class PendulumClient:
                     continue
                 s = a.get("seq", -1) - first_seq
                 if 0 <= s < n_frames and t_ans[s] < 0:
-                    t_ans[s], u_ans[s], safe_ans[s] = now, float(u[0]), bool(a.get("safe"))
+                    t_ans[s], u_ans[s], safe_ans[s] = time.monotonic_ns(), float(u[0]), bool(a.get("safe"))
                 safe_actions += bool(a.get("safe"))
-                pending.append((now + self.delay_ns, float(u[0]), bool(a.get("safe"))))
-            while pending and pending[0][0] <= now:
-                _, u_cmd, cmd_safe = pending.pop(0)
+                if not lockstep:
+                    pending.append((time.monotonic_ns() + self.delay_ns, float(u[0]), bool(a.get("safe"))))
+                elif s == last_f:       # the answer (not a watchdog's action for an older one) applies at the
+                    # frame's simulated time: the clock waited for it
+                    pending.append((t0 + k * step_ns + self.delay_ns, float(u[0]), bool(a.get("safe"))))
+
+        for k in range(n):
+            if lockstep:
+                now = t0 + k * step_ns
+            else:
+                due = t0 + k * step_ns
+                while True:                    # sleep, then spin the last 100 us
+                    left = due - time.monotonic_ns()
+                    if left <= 0:
+                        break
+                    if left > 150_000:
+                        time.sleep((left - 100_000) / 1e9)
+                now = time.monotonic_ns()
+            drain(0)
             if k % every == 0:
                 f = k // every
                 obs = [math.cos(theta), math.sin(theta), omega]
@@ -183,6 +214,10 @@ class PendulumClient:
                     self.pub.send(raw)
                     if tap is not None:
                         tap.send(raw, zmq.NOBLOCK)
+                    if lockstep:
+                        self._await_answer(lambda: t_ans[f] >= 0, lambda ms: drain(ms), f, stopper)
+            while pending and pending[0][0] <= now:
+                _, u_cmd, cmd_safe = pending.pop(0)
             if push_steps and k and k % push_steps == 0:
                 omega = max(-P.MAX_SPEED, min(P.MAX_SPEED, omega + self.push))
             u_applied = max(-P.MAX_TORQUE, min(P.MAX_TORQUE, u_cmd))
@@ -222,6 +257,7 @@ def summarize(res, settings):
         "frames_dropped": res["dropped"], "actions_received": res["actions_received"],
         "actions_lost": res["frames_lost"], "frames_held": res["frames_held"], "safe_actions": res["safe_actions"],
         "accuracy": None, "round_trip_ns": percentiles(rtt), "seq_base": res["seq_base"],
+        "states_published": res.get("states_published"),      # ROS 2: every JointState (the handshake's too)
         "control": {"time_to_upright_s": sc.time_to_upright_s, "rms_error_rad": sc.rms_error_rad,
                     "effort": sc.effort, "falls": sc.falls, "duration_s": sc.duration_s, "line": sc.line(),
                     "upright_rad": P.UPRIGHT_RAD,

@@ -23,12 +23,18 @@ from control_node.sim import pendulum as P
 JOINT = "theta"
 STATE_TOPIC = "/joint_states"
 COMMAND_TOPIC = "/pendulum_controller/commands"
+QUIET_S = 0.5           # lockstep: the handshake is over when no command came for this long
 
 
 class PendulumRos2:
     def __init__(self, rate_hz=1000.0, physics_hz=1000.0, delay_us=0.0, drop=0.0, noise=0.0, push_every_s=0.0,
                  push=0.0, seed=0, handshake_timeout=10.0, joint=JOINT, state_topic=STATE_TOPIC,
-                 command_topic=COMMAND_TOPIC):
+                 command_topic=COMMAND_TOPIC, lockstep=False):
+        """``lockstep``: simulated time waits for a command after each published state (as a simulator stepping
+        with the controller does), so the score does not depend on how fast the host runs the three processes.
+        A state is never published twice (a command carries no state number: the answers to two copies could
+        not be told apart); one unanswered for ``handshake_timeout`` s ends the run with an error. With one
+        state in flight no DDS queue overflows, so a best-effort subscriber loses none on one host."""
         try:
             import rclpy
             from rclpy.qos import qos_profile_sensor_data, QoSProfile, ReliabilityPolicy
@@ -45,6 +51,9 @@ class PendulumRos2:
         self.pub = self.node.create_publisher(JointState, state_topic, qos_profile_sensor_data)
         self.cmd_lock = threading.Lock()
         self.cmds = []                                   # (arrival ns, torque) since the last physics step
+        self.cmd_arrived = threading.Event()
+        self.lockstep = bool(lockstep)
+        self.published = 0                               # every state, the handshake's too
         self.n_cmd = self.bad_cmd = 0
         self.node.create_subscription(Float64MultiArray, command_topic, self._on_command,
                                       QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE))
@@ -79,6 +88,7 @@ class PendulumRos2:
         with self.cmd_lock:
             self.cmds.append((now, float(data[0])))
             self.n_cmd += 1
+        self.cmd_arrived.set()
 
     def close(self):
         self.stop_spin.set()
@@ -89,6 +99,10 @@ class PendulumRos2:
                 self.rclpy.shutdown()
         except Exception:       # noqa: BLE001 - shutting down
             pass
+
+    def _publish(self, msg):
+        self.published += 1
+        self.pub.publish(msg)
 
     def _state(self, theta, omega, u):
         m = self.JointState()
@@ -107,12 +121,29 @@ class PendulumRos2:
         while time.monotonic() < deadline:
             if stopper is not None and stopper.stop:
                 raise KeyboardInterrupt
-            self.pub.publish(self._state(theta, 0.0, 0.0))
+            self._publish(self._state(theta, 0.0, 0.0))
             time.sleep(0.01)
             if self._take_commands():
                 return
         raise UserError(f"no command on {self.command_topic} within {self.handshake_timeout:g} s after publishing "
                         f"{self.state_topic}: is the bridge running (control-node bridge ros2) with the node?")
+
+    def _await_command(self, f, stopper):
+        """Lockstep: wait for a command after state ``f``."""
+        deadline = time.monotonic() + self.handshake_timeout
+        while True:
+            with self.cmd_lock:
+                if self.cmds:
+                    return
+            if stopper is not None and stopper.stop:
+                return
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise UserError(f"lockstep: no command on {self.command_topic} within {self.handshake_timeout:g} s "
+                                f"after state {f} on {self.state_topic}; did the bridge or the node stop? "
+                                "(--timeout sets the wait)")
+            self.cmd_arrived.wait(min(0.1, left))
+            self.cmd_arrived.clear()
 
     def run(self, duration_s=10.0, theta0=math.pi, omega0=0.0, stopper=None):
         dt = 1.0 / self.physics_hz
@@ -121,7 +152,10 @@ class PendulumRos2:
         theta, omega = float(P.wrap(theta0)), float(omega0)
         self._handshake(theta, stopper)
         time.sleep(0.05)
-        self._take_commands()
+        while self._take_commands() and self.lockstep:
+            # the handshake's leftovers: in lockstep one taken as state 0's answer would shift every answer by
+            # one state, so they are drained until QUIET_S passes without one
+            time.sleep(QUIET_S)
         n_frames = (n + every - 1) // every
         t_send = np.full(n_frames, -1, dtype=np.int64)
         rtt = np.full(n_frames, -1, dtype=np.int64)     # first command after each state, to that state
@@ -132,24 +166,34 @@ class PendulumRos2:
         dropped = actions = 0
         last_f = -1
         push_steps = int(round(self.push_every_s * self.physics_hz)) if self.push_every_s > 0 else 0
+        lockstep = self.lockstep
+        step_ns = int(dt * 1e9)
         t0 = time.monotonic_ns() + 2_000_000
-        for k in range(n):
-            due = t0 + int(k * dt * 1e9)
-            while True:
-                left = due - time.monotonic_ns()
-                if left <= 0:
-                    break
-                if left > 150_000:
-                    time.sleep((left - 100_000) / 1e9)
+
+        def take():
+            nonlocal actions
             for t_arr, u in self._take_commands():
                 actions += 1
                 if last_f >= 0 and rtt[last_f] < 0 and t_arr >= t_send[last_f]:
                     rtt[last_f], t_first[last_f] = t_arr - t_send[last_f], t_arr
-                pending.append((t_arr + self.delay_ns, u))
-            now = time.monotonic_ns()
+                # lockstep: it arrived at the state's simulated time (the clock waited for it)
+                pending.append(((t0 + k * step_ns if lockstep else t_arr) + self.delay_ns, u))
+
+        for k in range(n):
+            if lockstep:
+                now = t0 + k * step_ns
+            else:
+                due = t0 + k * step_ns
+                while True:
+                    left = due - time.monotonic_ns()
+                    if left <= 0:
+                        break
+                    if left > 150_000:
+                        time.sleep((left - 100_000) / 1e9)
+                now = time.monotonic_ns()
+            take()
             while pending and pending[0][0] <= now:
                 _, u_cmd = pending.pop(0)
-            u_applied = max(-P.MAX_TORQUE, min(P.MAX_TORQUE, u_cmd))
             if k % every == 0:
                 f = k // every
                 th, om = theta, omega
@@ -158,9 +202,16 @@ class PendulumRos2:
                 if self.drop and self.rng.random() < self.drop:
                     dropped += 1
                 else:
+                    self.cmd_arrived.clear()
                     t_send[f] = time.monotonic_ns()
                     last_f = f
-                    self.pub.publish(self._state(th, om, u_applied))
+                    self._publish(self._state(th, om, max(-P.MAX_TORQUE, min(P.MAX_TORQUE, u_cmd))))
+                    if lockstep:
+                        self._await_command(f, stopper)
+                        take()
+                        while pending and pending[0][0] <= now:
+                            _, u_cmd = pending.pop(0)
+            u_applied = max(-P.MAX_TORQUE, min(P.MAX_TORQUE, u_cmd))
             if push_steps and k and k % push_steps == 0:
                 omega = max(-P.MAX_SPEED, min(P.MAX_SPEED, omega + self.push))
             tr_t[k], tr_theta[k], tr_omega[k], tr_u[k] = k * dt, theta, omega, u_applied
@@ -175,4 +226,5 @@ class PendulumRos2:
                 "u_answer": np.full(n_frames, np.nan), "safe_answer": np.zeros(n_frames, dtype=bool),
                 "frames_sent": int(sent.sum()), "frames_answered": int((rtt >= 0).sum()), "dropped": dropped,
                 "frames_held": 0, "frames_lost": 0, "actions_received": actions, "safe_actions": 0,
-                "seq_base": 0, "t0_ns": t0, "bad_commands": self.bad_cmd}
+                "seq_base": 0, "t0_ns": t0, "bad_commands": self.bad_cmd,
+                "states_published": self.published}

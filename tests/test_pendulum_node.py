@@ -9,14 +9,14 @@ import subprocess
 import sys
 
 
-from support.nodeutil import assert_answered_or_superseded
+from support.nodeutil import assert_answered_or_superseded, assert_offline_rollout
 from control_node.bench.harness import CHILD_CWD, child_env, make_endpoint_dir
 from control_node.endpoints import default_config
 
 
-def launch_config(tmp_path, model, sim_args, packaged="pendulum.toml"):
+def launch_config(tmp_path, model, sim_args, packaged="pendulum.toml", stale_after_ms=None):
     """The packaged config's loop rates and watchdog (``configs/pendulum.toml`` unless said) with private
-    endpoints, this model and these sim arguments."""
+    endpoints, this model and these sim arguments (and this watchdog time, when given)."""
     import tomllib
     with open(default_config(packaged), "rb") as f:
         cfg = tomllib.load(f)
@@ -25,7 +25,7 @@ def launch_config(tmp_path, model, sim_args, packaged="pendulum.toml"):
     lines += [f'{k} = "ipc://{ep}/{k}"\n' for k in ("sensor", "action", "diagnostics")]
     lines.append("[loop]\n" + "".join(f"{k} = {cfg['loop'][k]}\n" for k in ("rate_hz", "policy_rate_hz")
                                        if k in cfg["loop"]))
-    lines.append(f"[watchdog]\nstale_after_ms = {cfg['watchdog']['stale_after_ms']}\n"
+    lines.append(f"[watchdog]\nstale_after_ms = {stale_after_ms or cfg['watchdog']['stale_after_ms']}\n"
                  f'safe_action = "{cfg["watchdog"]["safe_action"]}"\n')
     lines.append('[children.sim]\nargs = [' + ", ".join(f'"{a}"' for a in sim_args) + "]\n")
     path = tmp_path / packaged
@@ -61,6 +61,19 @@ def test_pendulum_swings_up_and_balances_through_a_real_node(tmp_path, pendulum_
     assert "control: upright after" in r.stdout
     assert (tmp_path / "rep" / "control.png").stat().st_size > 10_000
     assert "Control trace" in (tmp_path / "rep" / "report.html").read_text()
+
+
+def test_a_lockstep_pendulum_is_the_offline_rollout_bit_for_bit(tmp_path, pendulum_model):
+    """`sim pendulum --lockstep`: the simulator's time waits for each answer, so the run through a real node is
+    the offline rollout of the same policy (every 10 physics steps, no delay), every torque and angle equal,
+    whatever the host's speed; it balances. (The watchdog waits 5 s: a lockstep robot's clock stands still.)"""
+    cfg = launch_config(tmp_path, pendulum_model, ["pendulum", "--lockstep", "--rate", "100"], stale_after_ms=5000)
+    out, s = run_launch(cfg, tmp_path / "run", 5.0)
+    assert "lockstep" in out and s["stream"]["lockstep"] is True
+    assert s["frames_answered"] == s["frames_sent"] == 500, s
+    assert_offline_rollout(tmp_path / "run" / "sim", pendulum_model, 5.0)
+    c = s["control"]
+    assert c["time_to_upright_s"] is not None and c["falls"] == 0, c
 
 
 def test_a_large_added_delay_fails_visibly(tmp_path, pendulum_model):

@@ -21,7 +21,13 @@ def register(sub):
                    "for replay: speed factor of the recorded schedule (default 1.0)")
     p.add_argument("--duration", type=float, default=None,
                    help="seconds to stream (default: 5 for gauss, one pass of 150 samples for iris)")
-    p.add_argument("--lockstep", action="store_true", help="send frame i, wait for action i, then send the next")
+    p.add_argument("--lockstep", action="store_true",
+                   help="send frame i, wait for action i, then send the next; pendulum: simulated time waits for "
+                        "each answer (the answer applies at once, --delay-us later in simulated time), so the "
+                        "score is the policy's whatever the host's speed; an answer missing for --timeout s "
+                        "ends the run with an error. With --ros2, give the node's [watchdog] stale_after_ms room "
+                        "(e.g. 5000): a command carries no frame number, so a watchdog's safe action sent while "
+                        "the robot waits would be taken as the answer")
     p.add_argument("--seed", type=int, default=0, help="random seed (default: %(default)s)")
     p.add_argument("--shuffle", action="store_true", help="iris: shuffle the samples (per pass)")
     g = p.add_argument_group("gauss stream")
@@ -230,7 +236,8 @@ def _pendulum(args, eps, curve):
                             f"observations, {spec.head} head); the pendulum sends 3 and needs a torque")
     rate = args.rate
     opts = dict(rate_hz=rate, physics_hz=args.physics_hz, delay_us=args.delay_us, drop=args.drop, noise=args.noise,
-                push_every_s=args.push_every, push=args.push, seed=args.seed, handshake_timeout=args.timeout)
+                push_every_s=args.push_every, push=args.push, seed=args.seed, handshake_timeout=args.timeout,
+                lockstep=args.lockstep)
     if args.ros2:
         from control_node.sim.pendulum_ros2 import PendulumRos2
         client = PendulumRos2(**opts)
@@ -245,7 +252,7 @@ def _pendulum(args, eps, curve):
     duration = 10.0 if args.duration is None else args.duration
     run_dir = args.run_dir or engine.new_run_dir("sim")
     print(f"sim: pendulum, {duration:g} s, physics {args.physics_hz:g} Hz, observations {rate:g} Hz, "
-          f"added delay {args.delay_us:g} us; {where}", flush=True)
+          f"added delay {args.delay_us:g} us{', lockstep' if args.lockstep else ''}; {where}", flush=True)
     try:
         with engine.Stopper() as stopper:
             try:
@@ -257,7 +264,7 @@ def _pendulum(args, eps, curve):
         client.close()
     settings = {"kind": "pendulum", "transport": "ros2" if args.ros2 else "zmq", "rate_hz": rate, "physics_hz": args.physics_hz, "delay_us": args.delay_us,
                 "drop": args.drop, "noise": args.noise, "theta0": args.theta0, "push_every_s": args.push_every,
-                "push": args.push, "seed": args.seed, "duration_s": duration}
+                "push": args.push, "seed": args.seed, "duration_s": duration, "lockstep": args.lockstep}
     summary = summarize(res, settings)
     write_run_dir(run_dir, summary, res)
     rt = summary["round_trip_ns"]

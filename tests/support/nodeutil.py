@@ -242,3 +242,17 @@ def assert_replay_compared_every_recorded_answer(mcap, sim_dir, verify_summary):
     sim_answers = int((in_span & (rt["rtt_ns"] >= 0) & ~rt["safe"]).sum())
     assert verify_summary["mismatches"] == 0
     assert verify_summary["compared"] >= sim_answers > 0, (verify_summary["compared"], sim_answers)
+
+
+def assert_offline_rollout(sim_dir, model, duration_s, control_every=10):
+    """The pendulum run in ``sim_dir`` (a lockstep one) is the offline rollout (``sim.pendulum.rollout``, the
+    policy every ``control_every`` physics steps, no delay) of ``model``: every step's torque and angle equal,
+    bit for bit, so nothing on the way (frames, node, kernel, actions, a bridge) changed a value."""
+    from control_node.kernels import Policy
+    from control_node.sim import pendulum as P
+    policy = Policy.load(str(model))
+    _, theta, u = P.rollout(lambda o: policy.act(np.asarray(o, dtype=np.float64))[0], duration_s=duration_s,
+                            control_every=control_every)
+    trace = np.load(os.path.join(str(sim_dir), "control.npz"))
+    differ = np.flatnonzero((trace["u"] != u) | (trace["theta"] != theta))
+    assert differ.size == 0, (differ[:5], trace["u"][differ[:5]], u[differ[:5]])
