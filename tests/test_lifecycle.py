@@ -376,23 +376,35 @@ def test_record_and_replay_follow_a_switch(tmp_path, iris_model_path):
         rc, rep = policy_cli(cfg, "load", "other", other)
         assert rc == 0, rep
         rec = start_recorder(cfg, mcap)
-        sim = subprocess.Popen([sys.executable, "-m", "control_node", "sim", "gauss", "--duration", "4", "--noise",
+        # a stream longer than the test needs, stopped (SIGINT: it still writes its results) once the other
+        # policy has answered 800 frames: the switch lands mid-stream however slowly a loaded host runs the
+        # `policy activate` start-up (a 4 s stream once ended before it, and nothing was switched in the stream)
+        sim = subprocess.Popen([sys.executable, "-m", "control_node", "sim", "gauss", "--duration", "30", "--noise",
                                 "0.3", "--seed", "3", "--tap", "--config", cfg, "--run-dir", str(tmp_path / "sim")],
                                cwd=CHILD_CWD, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                text=True)
-        # switch mid-stream: once the node has acted on a good part of the simulator's frames
         import msgpack
         import zmq
         diag = zmq.Context.instance().socket(zmq.SUB)
         diag.setsockopt(zmq.SUBSCRIBE, b"")
         diag.connect(node_eps["diagnostics"])
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if diag.poll(200) and msgpack.unpackb(diag.recv())["frames_valid"] >= 800:
-                break
-        diag.close(0)
+
+        def wait_frames(n):
+            """The node's frames_valid once it reaches ``n`` (the diagnostics stream, twice a second)."""
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                if diag.poll(200):
+                    got = msgpack.unpackb(diag.recv())["frames_valid"]
+                    if got >= n:
+                        return got
+            raise AssertionError(f"the node did not reach {n} valid frames in 60 s")
+
+        wait_frames(800)                # switch once the node has acted on a good part of the stream
         rc, rep = policy_cli(cfg, "activate", "other")
         assert rc == 0, rep
+        wait_frames(wait_frames(0) + 800)
+        diag.close(0)
+        sim.send_signal(signal.SIGINT)
         out, _ = sim.communicate(timeout=60)
         assert sim.returncode == 0, out
         rec.send_signal(signal.SIGINT)

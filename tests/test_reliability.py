@@ -345,7 +345,10 @@ def test_sensor_flood_20khz(tmp_path, iris_model_path, policy):
     expected = per_ms * np.diff(span) / 1e6
     ratio = np.median(step / expected)
     assert 0.5 <= ratio <= 2, (ratio, np.median(step), per_ms)
-    assert np.median(age) < 1_000_000
+    # fresh: answering the next frame instead, the node would work through its full sensor queue (RCVHWM 1000
+    # frames = 50 ms at 20 kHz); a bound of 10 ms leaves a loaded host's sender room (1.16 ms median was seen
+    # with a CPU hog beside the suite; 1 ms was the bound then)
+    assert np.median(age) < 10_000_000
     # every frame counted once: answered + superseded = accepted; accepted ~ received
     assert int(new.sum()) + summary["superseded"] == summary["frames_valid"]
     assert summary["frames_valid"] <= report["sent"] + robot.seq
