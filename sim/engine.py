@@ -47,6 +47,17 @@ class Stopper:
         return False
 
 
+def sleep_until(due_ns):
+    """Sleep until CLOCK_MONOTONIC ``due_ns``, spinning the last 100 us; returns the time then."""
+    while True:
+        now = time.monotonic_ns()
+        left = due_ns - now
+        if left <= 0:
+            return now
+        if left > 150_000:
+            time.sleep((left - 100_000) / 1e9)
+
+
 class ClosedLoop:
     def __init__(self, endpoints, tap=None, handshake_timeout=10.0, curve=None):
         """``curve``: client keys from control_node.security.client_curve (None: plaintext)."""

@@ -19,7 +19,7 @@ import numpy as np
 from control_node import rundir
 from control_node.errors import UserError
 from control_node.sim import pendulum as P
-from control_node.sim.engine import write_summary
+from control_node.sim.engine import sleep_until, write_summary
 
 
 class PendulumClient:
@@ -159,11 +159,13 @@ class PendulumClient:
         push_steps = int(round(self.push_every_s * self.physics_hz)) if self.push_every_s > 0 else 0
         unpack, recv, poll = msgpack.unpackb, self.sub.recv, self.sub.poll
         lockstep = self.lockstep
-        step_ns = int(dt * 1e9)
         t0 = time.monotonic_ns() + 2_000_000
 
         def drain(wait_ms):
-            """Take every action that arrived (waiting up to ``wait_ms`` for the first)."""
+            """Take every action that arrived (waiting up to ``wait_ms`` for the first). Real time: each applies
+            ``delay_us`` after this step's time, the newest last. Lockstep: only a frame's answer applies (the
+            first action carrying its seq), at the frame's simulated time: not the node's repeats of it, nor
+            the watchdog's safe action, which carries the last valid frame's seq too."""
             nonlocal actions, safe_actions
             while poll(wait_ms):
                 wait_ms = 0
@@ -177,28 +179,18 @@ class PendulumClient:
                 u = a.get("u")
                 if not u:
                     continue
+                safe = bool(a.get("safe"))
+                safe_actions += safe
                 s = a.get("seq", -1) - first_seq
-                if 0 <= s < n_frames and t_ans[s] < 0:
-                    t_ans[s], u_ans[s], safe_ans[s] = time.monotonic_ns(), float(u[0]), bool(a.get("safe"))
-                safe_actions += bool(a.get("safe"))
-                if not lockstep:
-                    pending.append((time.monotonic_ns() + self.delay_ns, float(u[0]), bool(a.get("safe"))))
-                elif s == last_f:       # the answer (not a watchdog's action for an older one) applies at the
-                    # frame's simulated time: the clock waited for it
-                    pending.append((t0 + k * step_ns + self.delay_ns, float(u[0]), bool(a.get("safe"))))
+                first = 0 <= s < n_frames and t_ans[s] < 0
+                if first:
+                    t_ans[s], u_ans[s], safe_ans[s] = (time.monotonic_ns() if lockstep else now), float(u[0]), safe
+                if not lockstep or (first and s == last_f):
+                    pending.append((now + self.delay_ns, float(u[0]), safe))
 
         for k in range(n):
-            if lockstep:
-                now = t0 + k * step_ns
-            else:
-                due = t0 + k * step_ns
-                while True:                    # sleep, then spin the last 100 us
-                    left = due - time.monotonic_ns()
-                    if left <= 0:
-                        break
-                    if left > 150_000:
-                        time.sleep((left - 100_000) / 1e9)
-                now = time.monotonic_ns()
+            due = t0 + int(k * dt * 1e9)
+            now = due if lockstep else sleep_until(due)     # lockstep: the step's simulated time
             drain(0)
             if k % every == 0:
                 f = k // every
@@ -215,7 +207,7 @@ class PendulumClient:
                     if tap is not None:
                         tap.send(raw, zmq.NOBLOCK)
                     if lockstep:
-                        self._await_answer(lambda: t_ans[f] >= 0, lambda ms: drain(ms), f, stopper)
+                        self._await_answer(lambda: t_ans[f] >= 0, drain, f, stopper)
             while pending and pending[0][0] <= now:
                 _, u_cmd, cmd_safe = pending.pop(0)
             if push_steps and k and k % push_steps == 0:

@@ -19,6 +19,7 @@ import numpy as np
 
 from control_node.errors import UserError
 from control_node.sim import pendulum as P
+from control_node.sim.engine import sleep_until
 
 JOINT = "theta"
 STATE_TOPIC = "/joint_states"
@@ -34,7 +35,8 @@ class PendulumRos2:
         with the controller does), so the score does not depend on how fast the host runs the three processes.
         A state is never published twice (a command carries no state number: the answers to two copies could
         not be told apart); one unanswered for ``handshake_timeout`` s ends the run with an error. With one
-        state in flight no DDS queue overflows, so a best-effort subscriber loses none on one host."""
+        state in flight no DDS queue overflows, so a best-effort subscriber should lose none on one host
+        (none was lost in the tests' runs)."""
         try:
             import rclpy
             from rclpy.qos import qos_profile_sensor_data, QoSProfile, ReliabilityPolicy
@@ -128,22 +130,23 @@ class PendulumRos2:
         raise UserError(f"no command on {self.command_topic} within {self.handshake_timeout:g} s after publishing "
                         f"{self.state_topic}: is the bridge running (control-node bridge ros2) with the node?")
 
-    def _await_command(self, f, stopper):
-        """Lockstep: wait for a command after state ``f``."""
+    def _await_command(self, t_sent, f, stopper):
+        """Lockstep: the commands taken until one arrived at or after ``t_sent`` (state ``f`` went out then);
+        a UserError after ``handshake_timeout`` s without one."""
         deadline = time.monotonic() + self.handshake_timeout
-        while True:
-            with self.cmd_lock:
-                if self.cmds:
-                    return
-            if stopper is not None and stopper.stop:
-                return
+        cmds = []
+        while stopper is None or not stopper.stop:
+            self.cmd_arrived.clear()
+            cmds += self._take_commands()
+            if any(t_arr >= t_sent for t_arr, _ in cmds):
+                break
             left = deadline - time.monotonic()
             if left <= 0:
                 raise UserError(f"lockstep: no command on {self.command_topic} within {self.handshake_timeout:g} s "
                                 f"after state {f} on {self.state_topic}; did the bridge or the node stop? "
                                 "(--timeout sets the wait)")
             self.cmd_arrived.wait(min(0.1, left))
-            self.cmd_arrived.clear()
+        return cmds
 
     def run(self, duration_s=10.0, theta0=math.pi, omega0=0.0, stopper=None):
         dt = 1.0 / self.physics_hz
@@ -152,10 +155,15 @@ class PendulumRos2:
         theta, omega = float(P.wrap(theta0)), float(omega0)
         self._handshake(theta, stopper)
         time.sleep(0.05)
-        while self._take_commands() and self.lockstep:
+        self._take_commands()
+        if self.lockstep:
             # the handshake's leftovers: in lockstep one taken as state 0's answer would shift every answer by
             # one state, so they are drained until QUIET_S passes without one
-            time.sleep(QUIET_S)
+            quiet_until = time.monotonic() + QUIET_S
+            while time.monotonic() < quiet_until:
+                time.sleep(0.01)
+                if self._take_commands():
+                    quiet_until = time.monotonic() + QUIET_S
         n_frames = (n + every - 1) // every
         t_send = np.full(n_frames, -1, dtype=np.int64)
         rtt = np.full(n_frames, -1, dtype=np.int64)     # first command after each state, to that state
@@ -167,31 +175,25 @@ class PendulumRos2:
         last_f = -1
         push_steps = int(round(self.push_every_s * self.physics_hz)) if self.push_every_s > 0 else 0
         lockstep = self.lockstep
-        step_ns = int(dt * 1e9)
         t0 = time.monotonic_ns() + 2_000_000
 
-        def take():
+        def take(cmds):
+            """Count commands, time the last state's first one; real time: each applies ``delay_us`` after it
+            arrived. (Lockstep applies only a state's answer, below.)"""
             nonlocal actions
-            for t_arr, u in self._take_commands():
+            for t_arr, u in cmds:
                 actions += 1
                 if last_f >= 0 and rtt[last_f] < 0 and t_arr >= t_send[last_f]:
                     rtt[last_f], t_first[last_f] = t_arr - t_send[last_f], t_arr
-                # lockstep: it arrived at the state's simulated time (the clock waited for it)
-                pending.append(((t0 + k * step_ns if lockstep else t_arr) + self.delay_ns, u))
+                if not lockstep:
+                    pending.append((t_arr + self.delay_ns, u))
 
         for k in range(n):
-            if lockstep:
-                now = t0 + k * step_ns
-            else:
-                due = t0 + k * step_ns
-                while True:
-                    left = due - time.monotonic_ns()
-                    if left <= 0:
-                        break
-                    if left > 150_000:
-                        time.sleep((left - 100_000) / 1e9)
-                now = time.monotonic_ns()
-            take()
+            due = t0 + int(k * dt * 1e9)
+            if not lockstep:
+                sleep_until(due)
+            take(self._take_commands())
+            now = due if lockstep else time.monotonic_ns()     # lockstep: the step's simulated time
             while pending and pending[0][0] <= now:
                 _, u_cmd = pending.pop(0)
             if k % every == 0:
@@ -202,13 +204,17 @@ class PendulumRos2:
                 if self.drop and self.rng.random() < self.drop:
                     dropped += 1
                 else:
-                    self.cmd_arrived.clear()
                     t_send[f] = time.monotonic_ns()
                     last_f = f
                     self._publish(self._state(th, om, max(-P.MAX_TORQUE, min(P.MAX_TORQUE, u_cmd))))
                     if lockstep:
-                        self._await_command(f, stopper)
-                        take()
+                        cmds = self._await_command(t_send[f], f, stopper)
+                        take(cmds)
+                        # the answer: the first command that arrived after the state went out, applied at the
+                        # state's simulated time (+ delay_us); any others (a watchdog's, late ones) are counted only
+                        answer = next((u for t_arr, u in cmds if t_arr >= t_send[f]), None)
+                        if answer is not None:
+                            pending.append((now + self.delay_ns, answer))
                         while pending and pending[0][0] <= now:
                             _, u_cmd = pending.pop(0)
             u_applied = max(-P.MAX_TORQUE, min(P.MAX_TORQUE, u_cmd))

@@ -4,7 +4,7 @@ and diagnostics streams, the sensor tap and the simulator's state stream.
 It is a process of its own (``control-node live``; ``launch --foxglove`` and ``run --foxglove`` start it),
 never a thread of the node: the node only publishes, as it does for ``top``. Its SUB sockets keep a bounded
 queue (RCVHWM) and drop beyond it; the foxglove-sdk server keeps at most ``message_backlog_size`` messages
-per viewer and drops the rest for a slow one (or closes its connection when its control queue fills too). A
+per viewer and drops the oldest for a slow one (or closes its connection when its control queue fills too). A
 viewer, slow or not, costs the node nothing.
 """
 from __future__ import annotations
@@ -18,7 +18,7 @@ from control_node.live import channels as ch
 
 INSTALL = "pip install 'control-node[foxglove]'"
 RCVHWM = 20000            # per subscription: ~20 s of frames at 1 kHz, then ZeroMQ drops
-BACKLOG = 1024            # per viewer, messages (foxglove-sdk drops beyond it)
+BACKLOG = 1024            # per viewer, messages (foxglove-sdk drops the oldest beyond it)
 
 
 def require_sdk():

@@ -25,9 +25,10 @@ def register(sub):
                    help="send frame i, wait for action i, then send the next; pendulum: simulated time waits for "
                         "each answer (the answer applies at once, --delay-us later in simulated time), so the "
                         "score is the policy's whatever the host's speed; an answer missing for --timeout s "
-                        "ends the run with an error. With --ros2, give the node's [watchdog] stale_after_ms room "
-                        "(e.g. 5000): a command carries no frame number, so a watchdog's safe action sent while "
-                        "the robot waits would be taken as the answer")
+                        "ends the run with an error. Give the node's [watchdog] stale_after_ms room (e.g. 5000): "
+                        "the robot's clock stands still while it waits, and a frame the watchdog answered with "
+                        "its safe action gets that (with --ros2, where a command carries no frame number, any "
+                        "safe action sent while the robot waits would be taken as the answer)")
     p.add_argument("--seed", type=int, default=0, help="random seed (default: %(default)s)")
     p.add_argument("--shuffle", action="store_true", help="iris: shuffle the samples (per pass)")
     g = p.add_argument_group("gauss stream")

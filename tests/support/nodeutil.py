@@ -254,5 +254,6 @@ def assert_offline_rollout(sim_dir, model, duration_s, control_every=10):
     _, theta, u = P.rollout(lambda o: policy.act(np.asarray(o, dtype=np.float64))[0], duration_s=duration_s,
                             control_every=control_every)
     trace = np.load(os.path.join(str(sim_dir), "control.npz"))
+    assert len(trace["u"]) == len(u), f"the run has {len(trace['u'])} steps of {len(u)}: it was stopped early"
     differ = np.flatnonzero((trace["u"] != u) | (trace["theta"] != theta))
     assert differ.size == 0, (differ[:5], trace["u"][differ[:5]], u[differ[:5]])
