@@ -300,9 +300,10 @@ def test_a_viewer_that_never_reads_is_dropped_for_and_costs_the_node_nothing(tmp
     assert len(late) <= hold, (len(late), hold)           # the rest was dropped, not kept
     # afterwards the viewer is served fresh messages again, or the server closed it (it never closed itself)
     assert fresh or (got["closed"] is not None and live_outlived_viewer), got["closed"]
-    sim = json.loads((run_dir / "sim" / "summary.json").read_text())
     observed = int(re.search(r"/control_node/observation (\d+)", log).group(1))
-    assert observed >= 0.99 * sim["frames_sent"], (observed, sim["frames_sent"])
+    # it kept converting through the stall: at least the frames sent until the resume (compared with all the
+    # frames sent, a loaded host's lag when Ctrl-C stops it counted: 10874 of 11539 in one run)
+    assert observed >= 0.99 * int((sent < resumed).sum()), (observed, int((sent < resumed).sum()))
     summary, _ = rundir.read_node_run(run_dir / "node")
     assert summary["send_failures"] == 0 and summary["cycles"] > 0
 
