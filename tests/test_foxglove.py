@@ -245,8 +245,8 @@ def test_a_viewer_that_never_reads_is_dropped_for_and_costs_the_node_nothing(tmp
     can hold, yet after the stall no more than those hold arrived: the rest was dropped, nothing was kept for it
     (a server keeping everything would deliver every owed frame then, and as many actions and steps); then the
     viewer gets fresh messages again, or the server has closed it (both were seen: foxglove-sdk closes a viewer
-    when its control queue fills too). The live view still converted every frame the simulator sent (it never stalled, so nothing
-    backed up towards the node), and the node's action sends never failed. The launch and the viewer run in a
+    when its control queue fills too). The live view converted the frames sent until the resume (it never
+    stalled, so nothing backed up towards the node), and the node's action sends never failed. The launch and the viewer run in a
     network namespace of their own whose TCP buffers are capped at 64 KiB (the host's hold ~4 MB).
     It replaced a rule on the live view's memory (grew < half of what it owed), which failed in CI on a loaded
     host: the live view's own ZeroMQ queues grew while it lagged, 3.7 MB, with nothing kept for the viewer."""
