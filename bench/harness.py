@@ -36,9 +36,13 @@ def free_tcp_ports(n):
             s.close()
 
 
-def write_node_config(path, ep_dir, extra="", transport="ipc"):
+def write_node_config(path, ep_dir, extra="", transport="ipc", spin_us=None):
     """Write a node config whose endpoints are private: ipc sockets in ``ep_dir``, or free loopback tcp
-    ports; runs go to ``ep_dir/runs``. ``extra`` is appended TOML. Returns the endpoints by name."""
+    ports; runs go to ``ep_dir/runs``. ``extra`` is appended TOML; ``spin_us`` (unless ``extra`` sets it)
+    goes into its ``[loop]`` table. Returns the endpoints by name."""
+    if spin_us is not None and "spin_us" not in extra:
+        line = f"spin_us = {spin_us:g}\n"
+        extra = extra.replace("[loop]\n", "[loop]\n" + line, 1) if "[loop]\n" in extra else extra + "[loop]\n" + line
     names = ("sensor", "action", "diagnostics", "control")
     if transport == "ipc":
         eps = {k: f"ipc://{ep_dir}/{k}" for k in names}

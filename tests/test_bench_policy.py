@@ -22,6 +22,7 @@ def run_bench(what, tmp_path, *args):
     ("policy", "SB3 PPO 3-64-64-1 tanh", ()),
     ("recurrent", "G1 LSTM(47->64) + 64-32-12 ELU", ("--alloc-calls", "200")),
 ])
+@pytest.mark.slow
 def test_bench_runs_and_records_every_row(what, shape, extra, tmp_path):
     res, text = run_bench(what, tmp_path, "--shape", shape, *extra)
     assert res["machine"] and res["settings"]["samples"] == 5

@@ -62,6 +62,7 @@ def test_replay_verify_compares_u(setup, tmp_path):
     assert s["policy"] == "continuous" and s["expected"]["mismatches"] == 0     # the recorded u_expected
 
 
+@pytest.mark.slow
 def test_replay_verify_other_policy_reports_the_first_mismatch(setup, tmp_path, make_continuous_spec):
     from control_node.kernels import save_model
     other = tmp_path / "other.npz"

@@ -396,6 +396,7 @@ def test_cycle_windows_keep_a_spike_and_events_name_misses():
     assert [(m["kind"], m["reason"], m["count"]) for t, m, _ in out] == [("rejected", "malformed", 3)]
 
 
+@pytest.mark.slow
 @needs_sdk
 def test_export_writes_the_live_channels_for_the_layouts(tmp_path, pendulum_model):
     """A recorded launch exported to JSON MCAP carries the live view's topics and schemas."""

@@ -428,6 +428,7 @@ def test_fuzz_onnx_with_mutated_tensors_nodes_and_attributes_imports_or_is_refus
     _import_in_tempdir(_mutate_structure(data.draw, ONNX_BASE), ".onnx")
 
 
+@pytest.mark.slow
 @settings(max_examples=400, **FUZZ)
 @given(st.data())
 def test_fuzz_mutated_pt_bytes_import_or_are_refused(data):
@@ -435,6 +436,7 @@ def test_fuzz_mutated_pt_bytes_import_or_are_refused(data):
     _import_in_tempdir(mutated, data.draw(st.sampled_from([".pt", ".pth", ".jit"])))
 
 
+@pytest.mark.slow
 @settings(max_examples=800, **FUZZ)
 @given(st.data())
 def test_fuzz_pt_with_a_mutated_entry_in_a_readable_zip_imports_or_is_refused(data):

@@ -47,6 +47,7 @@ def wait_for(pred, timeout=20.0):
     return False
 
 
+@pytest.mark.slow
 @pytest.mark.machine_exclusive      # it moves every process's threads, the other -n worker's tests' too
 def test_isolation_moves_others_off_the_core_and_back(tmp_path, continuous_f64_model_path):
     core = max(os.sched_getaffinity(0))

@@ -37,6 +37,7 @@ def build_and_check(tmp_path, env_extra):
     return r.stdout, compilers
 
 
+@pytest.mark.slow
 def test_native_build_matches_reference(tmp_path):
     out, _ = build_and_check(tmp_path, {"CONTROL_NODE_NATIVE": "1"})
     assert " native " in out and "specialised" in out and "generic" in out

@@ -8,6 +8,7 @@ import sys
 import time
 
 import psutil
+import pytest
 
 from control_node.bench.harness import CHILD_CWD, child_env, make_endpoint_dir
 
@@ -96,6 +97,7 @@ def test_launch_runs_and_stops_everything(tmp_path):
     assert_gone(pids.values(), ep)
 
 
+@pytest.mark.slow
 def test_launch_can_leave_the_children_on_every_core(tmp_path, iris_model_path):
     ep = make_endpoint_dir()
     cfg = write_launch_config(tmp_path / "demo.toml", ep, iris_model_path, duration=1.0,

@@ -344,6 +344,7 @@ def test_1000_switches_allocate_nothing_on_the_loop_thread(tmp_path, models):
     assert sum(d.count_diff for d in in_loop) == 0   # no Python memory allocated by the loop
 
 
+@pytest.mark.slow
 def test_record_and_replay_follow_a_switch(tmp_path, iris_model_path):
     """A switch made while recording is in the record stream; `replay --verify` repeats it on a fresh node
     before the first frame the new policy answered, so every action matches; --no-follow does not, and the

@@ -7,6 +7,8 @@ import time
 import urllib.error
 import urllib.request
 
+import pytest
+
 from support.nodeutil import Robot, load_run, start_node
 from control_node.bench.harness import free_tcp_ports, run_cli
 
@@ -24,6 +26,7 @@ def scrape(port) -> dict:
     return out
 
 
+@pytest.mark.slow
 def test_metrics_scraped_during_a_run_and_final_counters_equal_the_summary(tmp_path, continuous_f64_model_path):
     port = free_tcp_ports(1)[0]
     extra = (f'[diagnostics]\nprometheus = "127.0.0.1:{port}"\nprometheus_linger_s = 3.0\n'

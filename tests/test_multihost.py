@@ -182,6 +182,7 @@ def summary(path):
         return json.load(f)
 
 
+@pytest.mark.slow
 def test_node_and_robot_in_two_namespaces_over_curve(link, tmp_path, iris_model_path):
     keys = make_keys(str(tmp_path))
     ports = {"sensor": 5601, "action": 5602, "diagnostics": 5603}

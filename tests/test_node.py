@@ -18,7 +18,7 @@ from control_node.bench.harness import CHILD_CWD, run_cli, write_node_config
 
 
 def start(tmp_path, model, transport="ipc", extra="", args=()):
-    return start_node(tmp_path, model, extra=extra, args=args, transport=transport)[0]
+    return start_node(tmp_path, model, extra=extra, args=args, transport=transport, spin_us=None)[0]
 
 
 @pytest.mark.parametrize("transport", ["ipc", "tcp"])

@@ -33,7 +33,7 @@ def test_phase_lock_converges_on_a_1khz_sender(tmp_path, iris_model_path):
     margin, test_phase_lock_follows_a_sender_off_by_200_ppm, which replaced this file's 200 ppm tests)."""
     node, _ = start_node(tmp_path, iris_model_path, extra="[loop]\nphase_lock = true\nphase_margin_us = 100\n"
                                                           "[watchdog]\nstale_after_ms = 50.0\n"
-                                                          "[budget]\ndeadline_misses = 1000000\n")
+                                                          "[budget]\ndeadline_misses = 1000000\n", spin_us=None)
     sender = subprocess.Popen([sys.executable, child_script("phase_sender.py"), node.endpoints["sensor"], "1000000.0", "2.0", "370000"],
                               cwd=CHILD_CWD, stdout=subprocess.PIPE, text=True)
     try:

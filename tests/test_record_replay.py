@@ -57,6 +57,7 @@ def test_recording_has_channels(setup):
         assert seqs == list(range(len(seqs)))
 
 
+@pytest.mark.slow
 def test_replay_verify_zero_mismatches(setup, tmp_path):
     r = cn("replay", setup["mcap"], "--verify", "--config", setup["cfg"], "--run-dir", tmp_path / "rp")
     assert r.returncode == 0, r.stdout + r.stderr

@@ -18,6 +18,7 @@ import time
 import msgpack
 import numpy as np
 import psutil
+import pytest
 import zmq
 
 from control_node.rundir import FLAGS
@@ -221,8 +222,9 @@ def test_node_sigkill_recording_readable_and_restart_serves(tmp_path, iris_model
         node.kill()
 
 
+@pytest.mark.slow
 def test_recorder_and_top_killed_node_does_not_notice(tmp_path, iris_model_path):
-    node, cfg = start_node(tmp_path, iris_model_path, extra="[diagnostics]\nattribution = true\n")
+    node, cfg = start_node(tmp_path, iris_model_path, extra="[diagnostics]\nattribution = true\n", spin_us=None)
     sim = sim_popen(cfg, "--duration", 6, "--tap", "--run-dir", tmp_path / "sim", "--timeout", 30)
     rec = cli_popen("record", "--config", cfg, "--out", tmp_path / "rec.mcap")
     top = cli_popen("top", "--config", cfg)
@@ -297,8 +299,9 @@ def test_subscriber_that_never_reads_does_not_block(tmp_path, iris_model_path):
 
 
 # ---------------------------------------------------------------- load
+@pytest.mark.slow
 def test_sensor_flood_20khz(tmp_path, iris_model_path, policy):
-    node, cfg = start_node(tmp_path, iris_model_path)
+    node, cfg = start_node(tmp_path, iris_model_path, spin_us=None)
     robot = Robot(node.endpoints)
     X = policy.spec.check_X
     try:
@@ -379,10 +382,11 @@ def _misses_in_report(text):
     raise AssertionError("no 'deadline misses' line in the report:\n" + text)
 
 
+@pytest.mark.slow
 def test_cpu_hogs_and_stall_misses_counted_honestly(tmp_path, iris_model_path):
     """Busy loops on the other core and on the node's core, then the node stopped (SIGSTOP) for 50 ms:
     misses appear in summary.json, in cycles.npz and in `control-node report`, and agree."""
-    node, cfg = start_node(tmp_path, iris_model_path)
+    node, cfg = start_node(tmp_path, iris_model_path, spin_us=None)
     ncpu = os.cpu_count()
     loop_cpu = ncpu - 1                                          # realtime.cpu = "last"
     hogs = []
@@ -430,9 +434,10 @@ def test_cpu_hogs_and_stall_misses_counted_honestly(tmp_path, iris_model_path):
 
 
 # ---------------------------------------------------------------- soak (short)
+@pytest.mark.slow
 def test_soak_short(tmp_path, iris_model_path):
     out_json = tmp_path / "soak.json"
-    r = subprocess.run([sys.executable, "-m", "control_node", "bench", "soak", "--duration", "10",
+    r = subprocess.run([sys.executable, "-m", "control_node", "bench", "soak", "--duration", "6",
                         "--model", str(iris_model_path),
                         "--json", str(out_json)], cwd=CHILD_CWD, capture_output=True, text=True, timeout=180)
     assert r.returncode == 0, r.stdout + r.stderr
@@ -445,5 +450,5 @@ def test_soak_short(tmp_path, iris_model_path):
     assert rep["node_exit_code"] == 0 and rep["sim_exit_code"] == 0
     assert rep["fds_constant"], rep["samples"]
     assert rep["fds_no_peers_start"] == rep["fds_no_peers_end"]
-    assert rep["cycles"] > 8000
+    assert rep["cycles"] > 5000
     assert abs(rep["rss_growth_after_warmup_bytes"]) < 4 * 2**20

@@ -451,6 +451,7 @@ def test_cli_error_is_message_not_traceback(tmp_path):
 
 # ------------------------------------------------------------------------------ real node
 
+@pytest.mark.slow
 def test_real_node_run_report(tmp_path, iris_model_path):
     """A real short node run with the simulator, laid out as a launch dir (node/ + sim/), reported."""
     ports = free_tcp_ports(3)

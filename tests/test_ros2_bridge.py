@@ -133,6 +133,7 @@ def twist(vx, wz, **kw):
             "msg": {"linear": {"x": vx}, "angular": {"z": wz}}, "expect": "none", "timeout_s": 0.1, **kw}
 
 
+@pytest.mark.slow
 def test_frames_by_joint_name_bad_input_refused_and_counted(netns, tmp_path, continuous_f64_model_path):
     from control_node.kernels import Policy
     node, cfg = start_node(tmp_path, continuous_f64_model_path, extra=RECIPE)

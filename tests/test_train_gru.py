@@ -70,6 +70,7 @@ def test_the_trained_gru_swings_up_offline_in_the_compiled_kernel(gru_model):
         assert sc.falls == 0 and sc.rms_error_rad < 0.1, sc
 
 
+@pytest.mark.slow
 def test_the_gru_swings_up_through_a_real_node_at_50_hz(tmp_path, gru_model):
     """The packaged configs/pendulum_gru.toml's settings (1 kHz loop, policy at 50 Hz, state carried by the
     node), private endpoints, this model: `launch` scores it upright."""

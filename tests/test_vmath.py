@@ -46,6 +46,7 @@ COMPILERS = [pytest.param("cc", id="cc"),
                           marks=pytest.mark.skipif(CLANG is None, reason="clang not installed"))]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cc", COMPILERS)
 def test_vmath_check(cc, tmp_path):
     exe = tmp_path / "vmath_check"

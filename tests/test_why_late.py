@@ -61,7 +61,7 @@ def _with_attribution(extra):
 def fed_node(tmp_path, model, extra, duration):
     """A node for ``duration`` s fed at 1 kHz by the benchmark feeder (6 features)."""
     node, cfg = start_node(tmp_path, model, extra="[watchdog]\nstale_after_ms = 200.0\n" + _with_attribution(extra),
-                           args=("--duration", duration))
+                           args=("--duration", duration), spin_us=None)
     # off the loop core, as launch places its children: unpinned, the feeder (a `python` task) ran on the loop
     # core beside the loop and was named for 769 of 1017 misses in a fresh-clone run of the own-work test
     loop_cpu = node.endpoints["loop_cpu"]           # "none": an unpinned loop
@@ -129,6 +129,7 @@ def _named_for_the_bursts(w, bursts, tick, cause):
     return [e for e in named if e["miss"] and "carried_from_cycle" not in e]
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(_can_trace_and_fifo() is not None, reason=str(_can_trace_and_fifo()))
 def test_a_task_holding_the_loop_core_is_named(tmp_path, continuous_f64_model_path):
     """A task spinning 4 ms every 250 ms above the loop on its core: every burst makes a miss, the node
@@ -150,6 +151,7 @@ def test_a_task_holding_the_loop_core_is_named(tmp_path, continuous_f64_model_pa
     assert float(np.median(list(seen.values()))) >= 1000, (seen, misses)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(_can_trace_and_fifo() is not None, reason=str(_can_trace_and_fifo()))
 def test_a_page_fault_storm_on_the_loop_core_is_named(tmp_path, continuous_f64_model_path):
     """A task faulting fresh pages in for 4 ms every 250 ms above the loop on its core: the node names
@@ -215,6 +217,7 @@ def _disk_irq(path):
     return irq, name
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(_can_trace_and_fifo() is not None, reason=str(_can_trace_and_fifo()))
 def test_a_burst_of_device_interrupts_on_the_loop_core_is_named(tmp_path, continuous_f64_model_path):
     """The disk's completion interrupt routed to the loop's core, and a reader on the other core doing 1 MB

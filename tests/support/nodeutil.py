@@ -136,11 +136,16 @@ class ActionCollector:
         return self.actions
 
 
-def start_node(tmp_path, model, extra="", args=(), transport="ipc"):
+def start_node(tmp_path, model, extra="", args=(), transport="ipc", spin_us=0):
     """A node on endpoints private to ``tmp_path``; returns (NodeProcess, config path). Every node is
-    reaped after its test by the autouse fixture in conftest.py (NodeProcess.reap)."""
+    reaped after its test by the autouse fixture in conftest.py (NodeProcess.reap).
+
+    ``spin_us=0``: the loop sleeps to each tick instead of spinning its last 150 us (the default, "auto"):
+    12 % of a core per running node, CPU the suite's two workers share, and nothing a test of what the node
+    does needs. A test of timing (wake-up, misses, why a cycle was late) passes ``spin_us=None``: the
+    default config's spin."""
     cfg = os.path.join(str(tmp_path), "node.toml")
-    write_node_config(cfg, str(tmp_path), extra, transport)
+    write_node_config(cfg, str(tmp_path), extra, transport, spin_us=spin_us)
     return NodeProcess(cfg, model, *args), cfg
 
 
