@@ -195,7 +195,7 @@ def run_and_check_counts(node, sent, n_valid_min, n_valid_max=None):
 
 
 def test_corpus_into_running_node(tmp_path, iris_model_path, policy):
-    node, _ = start_node(tmp_path, iris_model_path, QUIET)
+    node, _ = start_node(tmp_path, iris_model_path, QUIET, spin_us=None)
     robot = Robot(node.endpoints)
     col = ActionCollector(node.endpoints["action"])
     examples = class_examples(policy)
@@ -294,7 +294,7 @@ def expected_reason(frame):
 
 
 def test_hypothesis_frames_into_running_node(tmp_path, iris_model_path, policy):
-    node, _ = start_node(tmp_path, iris_model_path, QUIET)
+    node, _ = start_node(tmp_path, iris_model_path, QUIET, spin_us=None)
     robot = Robot(node.endpoints)
     col = ActionCollector(node.endpoints["action"])
     examples = class_examples(policy)
@@ -338,7 +338,9 @@ def test_interleaved_at_khz_rates_keeps_rate_and_counts(tmp_path, iris_model_pat
     # stalled node lets them pile up: past either default high-water mark (1000) libzmq drops them unseen and
     # the node cannot count them. Queue them on both ends (the node drains its whole queue every cycle, so the
     # counts stay exact however long the host stalls either process)
-    node, _ = start_node(tmp_path, iris_model_path, QUIET + "[limits]\nrecv_hwm = 100000\n")
+    # the default spin: with spin_us = 0 one fresh-clone run (of four) saw only 55 % of a 10 kHz stream by the
+    # stop, the node behind the sender (not explained yet; the node's drain under load is the suspect)
+    node, _ = start_node(tmp_path, iris_model_path, QUIET + "[limits]\nrecv_hwm = 100000\n", spin_us=None)
     robot = Robot(node.endpoints, sndhwm=100_000)
     col = ActionCollector(node.endpoints["action"])
     examples = class_examples(policy)
@@ -405,7 +407,7 @@ def _lockstep_seqs(tmp_path, iris_model_path, policy, seqs, trip_first=False):
     rejected frames in a row stay inside the watchdog's 1 s), after connecting and, with trip_first, after
     letting the watchdog trip so that the first one is accepted whatever its seq.
     Returns (actions received after each frame, summary)."""
-    node, _ = start_node(tmp_path, iris_model_path, "[watchdog]\nstale_after_ms = 1000.0\n")
+    node, _ = start_node(tmp_path, iris_model_path, "[watchdog]\nstale_after_ms = 1000.0\n", spin_us=None)
     robot = Robot(node.endpoints)
     x = policy.spec.check_X[0]
     got = []
