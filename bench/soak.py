@@ -100,13 +100,15 @@ def soak(duration, interval, warmup, model=None, keep=None, rate=1000.0, log=pri
             sim_summary = json.load(f)
     except OSError:
         log(sim_out)
-    after = [s for s in samples if s["t_s"] >= warmup] or samples[-1:]
-    rss_after_warmup = after[0]["rss_bytes"]
-    # fds while the simulator is connected (after the warm-up, counted from its connection: on a loaded
-    # machine its start-up alone took 4 s once), and at the start/end without peers (the simulator streams
-    # for `duration` after it connected)
+    # the warm-up counts from the simulator's connection, for RSS as for fds: on a loaded machine its start-up
+    # alone took 4 s once, and a baseline taken before it connected counts the connection's buffers as growth
+    # (suspected for 4.1 MiB in a 6 s soak of a fresh-clone run, whose samples were not kept); the simulator
+    # streams for `duration` after it connected
     connected = next((s["t_s"] for s in samples if s["num_fds"] > fds_no_peers_start), 0.0)
     # (``connected`` is the first sample that saw it: it connected up to one interval before)
+    after = [s for s in samples if s["t_s"] >= connected + warmup] or samples[-1:]
+    rss_after_warmup = after[0]["rss_bytes"]
+    # fds while the simulator is connected (after the warm-up), and at the start/end without peers
     steady = [s for s in samples if s["sim_running"] and connected + warmup <= s["t_s"] <= connected + duration - interval]
     fds = [s["num_fds"] for s in steady] or [s["num_fds"] for s in samples]
     cycles = ns["cycles"]
