@@ -39,21 +39,6 @@ def pytest_runtest_protocol(item, nextitem):
         yield
 
 
-@pytest.hookimpl(wrapper=True, tryfirst=True)
-def pytest_collection_modifyitems(config, items):
-    """Longest first: the modules holding a test marked ``slow`` go to the front, in the order pytest-randomly
-    gave them (their tests stay together, so a module fixture is still built once per worker). Under -n 2 a
-    slow test started last kept one worker busy while the other had finished (258 and 280 s of tests in a
-    295 s run); started first, the short ones fill the end. It needs ``--dist worksteal`` (pyproject.toml):
-    xdist's default hands each worker a queue it never takes back: with the slow tests first, one worker ran
-    71 tests for 275 s while the other ran 746 in 209 s and then idled (359 s). Outermost wrapper: this runs
-    after the shuffle."""
-    result = yield
-    slow = {item.nodeid.split("::")[0] for item in items if item.get_closest_marker("slow")}
-    items.sort(key=lambda item: item.nodeid.split("::")[0] not in slow)       # stable: the shuffle is kept
-    return result
-
-
 def pytest_configure(config):
     """Byte-compile the package once, in the controlling process, before any worker starts: the suite starts
     ~400 Python children (nodes, simulators, the CLI) and with PYTHONDONTWRITEBYTECODE=1 (set on the machines
