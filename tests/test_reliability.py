@@ -21,6 +21,7 @@ import psutil
 import pytest
 import zmq
 
+from control_node.config import load_config
 from control_node.rundir import FLAGS
 from support.nodeutil import (ActionCollector, Robot, assert_answered_or_superseded, cli_popen, load_run, start_flood,
                       start_hog, start_node, stop_node)
@@ -357,15 +358,14 @@ def test_sensor_flood_20khz(tmp_path, iris_model_path, policy):
     assert summary["frames_valid"] <= report["sent"] + robot.seq
     assert summary["frames_valid"] >= 0.95 * report["sent"]
     assert summary["rejected_total"] == 0
-    # memory bounded. After a host stall (node and flood sender both stopped) the sender's backlog arrives
-    # at once and the node's receive side grows by up to ~9 MB per 100 ms stall (libzmq receive buffers,
-    # kept resident under mlockall); a stall of the loop alone does not do it. Allowance from the node's
-    # record: one full sensor queue (RCVHWM 1000 frames, each up to one 8 kB zero-copy batch + counters)
-    # per stall (a cycle in the flood that woke >= 1 period late), capped by the frames due meanwhile
-    stalls = int((a["wake_latency_ns"][in_span] >= PERIOD_NS).sum())
-    queued = min(1000 * stalls, 20 * summary["skipped_ticks"])
-    allowance = queued * (8192 + 249 * 40)
-    assert abs(rss1 - rss0) < 4 * 2**20 + allowance, (rss1 - rss0, stalls, summary["skipped_ticks"])
+    # memory bounded by the receive queue, whatever the host did. Frames queue in libzmq whenever the node's I/O
+    # thread or its loop falls behind the sender, and each queued frame can pin one 8 kB receive batch (libzmq's
+    # zero-copy decoder) plus its message and pipe slot; the loop drains the whole queue every cycle, so at most
+    # one full queue (limits.recv_hwm frames) is held at once, and the allocator keeps that high-water resident
+    # under mlockall. The allowance is that one queue, not the node's stall record: CI saw 5.1 MB of growth with
+    # no skipped tick and one late wake (the I/O thread, on the core the suite shares, fell behind on its own)
+    queue_bytes = load_config(cfg)["limits"]["recv_hwm"] * (8192 + 9960)
+    assert abs(rss1 - rss0) < 4 * 2**20 + queue_bytes, (rss1 - rss0, queue_bytes)
 
 
 def _report_text(run_dir):
