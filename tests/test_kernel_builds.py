@@ -22,8 +22,11 @@ def build_and_check(tmp_path, env_extra):
     for pkg in ("kernels", "control_node", "train", "sim", "bench", "configs"):
         shutil.copytree(os.path.join(ROOT, pkg), copy / pkg,
                         ignore=shutil.ignore_patterns("*.so", "*.c", "__pycache__", "*.html"))
-    # only the kernel: the check below loads nothing else (the loop and the floor probe would double the time)
+    # only the kernel: the check below loads nothing else (the loop and the floor probe would double the time);
+    # no debug information (-g from Python's flags): the code is the same and the compile takes a third less
+    # (gcc, the default build: 24 s -> 16 s)
     env = dict(os.environ, CONTROL_NODE_BUILD_ONLY="control_node.kernels._policy", **env_extra)
+    env["CFLAGS"] = (env.get("CFLAGS", "") + " -g0").strip()
     b = subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace"], cwd=copy, env=env,
                        capture_output=True, text=True, timeout=600)
     assert b.returncode == 0, b.stdout[-3000:] + b.stderr[-3000:]
