@@ -9,7 +9,6 @@ onnxruntime 1.32 has no float64 LSTM / GRU kernel: float64 policies are compared
 from __future__ import annotations
 
 import os
-import tracemalloc
 
 import numpy as np
 import pytest
@@ -17,6 +16,8 @@ import pytest
 from control_node.kernels import ModelFileError, ModelSpec, Policy, check_consistency, load_model, save_model
 from control_node.kernels.model_file import content_hash
 from control_node.kernels.reference import RTOL, reference_sequence, run_sequence
+
+from support.alloc import bytes_left_by_calls
 
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "recurrent")
 GATES = {"lstm": 4, "gru": 3}
@@ -402,17 +403,8 @@ def test_no_allocation_per_step(kind):
     spec = rnn_spec(kind, 47, 64, [32, 12], seed=8)
     p = Policy(spec)
     x, out = np.ascontiguousarray(sequence(spec, 1)[0]), np.zeros(12)
-    for _ in range(1000):
-        p.act_into(x, out)
-    tracemalloc.start()
-    before = tracemalloc.take_snapshot()
-    for _ in range(100_000):
-        p.act_into(x, out)
-    p.reset()
-    after = tracemalloc.take_snapshot()
-    tracemalloc.stop()
-    grown = [s for s in after.compare_to(before, "filename") if s.size_diff > 0 and "tracemalloc" not in str(s)]
-    assert sum(s.size_diff for s in grown) < 1024, grown[:5]
+    assert bytes_left_by_calls(p.act_into, x, out, n=100_000) == (0, 0)
+    assert bytes_left_by_calls(p.reset, n=1000) == (0, 0)
 
 
 def test_forced_sse2_copy_runs_the_recurrent_kernel(tmp_path):

@@ -13,7 +13,6 @@ shift, a lost scale, a mis-rounded half) is orders of magnitude above it."""
 from __future__ import annotations
 
 import dataclasses
-import tracemalloc
 
 import numpy as np
 import pytest
@@ -24,6 +23,8 @@ from control_node.kernels.importers.proof import edge_samples, sequences
 from control_node.kernels.reference import random_inputs
 from control_node.kernels.weights import (DEFAULT_TOLERANCE, WeightStorageError, effective_spec, measure_error,
                                           quantise)
+
+from support.alloc import bytes_left_by_calls
 
 STORAGES = ["f16", "bf16", "int8"]
 BOUND = {"f16": 2.5e-3, "bf16": 2e-2, "int8": 8e-2}      # see the module docstring
@@ -191,16 +192,7 @@ def test_no_allocation_per_call(storage, kind):
     spec = rnn_spec(kind) if kind else dense_spec("elu", "continuous", sizes=(48, 512, 256, 128, 12))
     p = Policy(spec, weights=storage)
     x, out = np.random.default_rng(0).normal(size=spec.n_features), np.zeros(p.n_actions)
-    for _ in range(1000):
-        p.act_into(x, out)
-    tracemalloc.start()
-    before = tracemalloc.take_snapshot()
-    for _ in range(50_000):
-        p.act_into(x, out)
-    after = tracemalloc.take_snapshot()
-    tracemalloc.stop()
-    grown = [s for s in after.compare_to(before, "filename") if s.size_diff > 0 and "tracemalloc" not in str(s)]
-    assert sum(s.size_diff for s in grown) < 1024, grown[:5]
+    assert bytes_left_by_calls(p.act_into, x, out, n=50_000) == (0, 0)
 
 
 def test_a_real_node_says_what_its_weights_were(tmp_path):
