@@ -218,6 +218,8 @@ def _disk_irq(path):
 
 
 @pytest.mark.slow
+@pytest.mark.machine_exclusive      # it routes the disk's IRQ to one core for every process, and other tests' own
+                                    # processes on the loop core would be named beside the disk, rightly
 @pytest.mark.skipif(_can_trace_and_fifo() is not None, reason=str(_can_trace_and_fifo()))
 def test_a_burst_of_device_interrupts_on_the_loop_core_is_named(tmp_path, continuous_f64_model_path):
     """The disk's completion interrupt routed to the loop's core, and a reader on the other core doing 1 MB
