@@ -258,7 +258,13 @@ def test_recorder_and_top_killed_node_does_not_notice(tmp_path, iris_model_path)
     assert after.sum() > 1000                                     # kept cycling (and publishing)
     assert np.all(np.diff(a["cycle"]) == 1)
     assert summary["send_failures"] == 0 and summary["recv_errors"] == 0
-    assert misses_near <= 2
+    # the kill's doing would be a window worse than the run around it: a loaded host (three test workers beside
+    # it) made 360 misses in one run, 3 of them in the window, so a fixed "<= 2" checked the host
+    run_s = (int(a["t_tick_ns"][-1]) - int(a["t_tick_ns"][0])) / 1e9
+    missed = a["cycle"][(a["flags"] & MISS) != 0]
+    outside = sum(1 for c in missed.tolist() if c not in host) - misses_near
+    per_window = outside / max(run_s - 0.5, 0.5) * 0.5
+    assert misses_near <= 2 + 2 * per_window, (misses_near, outside, run_s)
     # the simulator, the node's real client, kept being answered through the kill
     sim_summary = json.load(open(tmp_path / "sim" / "summary.json"))
     assert_answered_or_superseded(sim_summary, summary)
