@@ -10,9 +10,8 @@ import time
 import msgpack
 import numpy as np
 import pytest
-import zmq
 
-from support.nodeutil import ActionCollector, start_node, stop_node
+from support.nodeutil import ActionCollector, start_node, stop_node, subscribed_publisher
 from control_node import rundir
 from control_node.bench.harness import run_cli, write_node_config
 from control_node.kernels import Policy
@@ -74,11 +73,7 @@ BAD = [b"\xc1", msgpack.packb([1, 2, 3]), msgpack.packb({"seq": 5, "t_ns": 1})]
 def _send_bursts(endpoint, xs, bursts, burst_s, gap_s, bad_every):
     """Valid frames at ~1 kHz in ``bursts`` bursts of ``burst_s`` separated by ``gap_s`` of silence (each gap
     trips the watchdog), a bad frame after every ``bad_every``-th valid one. Returns (valid sent, bad sent)."""
-    pub = zmq.Context.instance().socket(zmq.PUB)
-    pub.setsockopt(zmq.LINGER, 2000)
-    pub.setsockopt(zmq.SNDHWM, 100_000)
-    pub.connect(endpoint)
-    time.sleep(0.5)                                 # slow joiner: the node's subscription has arrived
+    pub = subscribed_publisher(endpoint)
     seq, bad = 1000, 0
     for b in range(bursts):
         t_end = time.monotonic() + burst_s
