@@ -139,7 +139,11 @@ def soak(duration, interval, warmup, model=None, keep=None, rate=1000.0, log=pri
         # what the why-late recorder (on by default) cost, and what it said
         "why_late": {"enabled": (ns.get("why_late") or {}).get("enabled", False),
                      "recorder_cost": ((ns.get("why_late") or {}).get("evidence") or {}).get("recorder_cost"),
-                     "text": (ns.get("why_late") or {}).get("text")},
+                     "text": (ns.get("why_late") or {}).get("text"),
+                     # the most trace evidence it held unsettled at once (a busy core's trace fills it faster
+                     # than the diagnostics thread settles it): the node's memory follows this, not the run
+                     "intervals_peak": ((((ns.get("why_late") or {}).get("evidence") or {}).get("trace") or {})
+                                        .get("intervals_peak"))},
         "samples": samples,
     }
     if keep is None:

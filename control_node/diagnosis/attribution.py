@@ -264,6 +264,7 @@ class Recorder:
         self.loop, self.floor_ns, self.lead_ns = loop, floor_ns, lead_ns
         self.intervals = deque(maxlen=MAX_INTERVALS)
         self.dropped = 0
+        self.intervals_peak = 0         # the most unsettled evidence held at once: the node's memory follows it
         self.evidence = {}
         self.steal = deque()            # (t_mono_ns, steal ticks, irq ticks, softirq ticks)
         # settled evidence near late cycles: intervals (kind, name id, t0, t1), steal samples, windows (t0, t1)
@@ -377,8 +378,11 @@ class Recorder:
         return sorted([tuple(int(v) for v in r) for r in self.kept_steal.rows()] + list(self.steal))
 
     def _sink(self, item):
-        if len(self.intervals) == self.intervals.maxlen:
+        n = len(self.intervals)
+        if n == self.intervals.maxlen:
             self.dropped += 1
+        elif n >= self.intervals_peak:
+            self.intervals_peak = n + 1
         self.intervals.append(item)
 
     # ---- tracefs -------------------------------------------------------------------------------
@@ -607,7 +611,8 @@ class Recorder:
                                           lines=self.parser.lines, unparsed=self.parser.unparsed,
                                           lines_skipped_far_from_late_cycles=self.lines_skipped,
                                           switches_inferred=self.parser.inferred_switches,
-                                          intervals_kept=len(self.intervals), intervals_dropped=self.dropped)
+                                          intervals_kept=len(self.intervals), intervals_dropped=self.dropped,
+                                          intervals_peak=self.intervals_peak)
         return self
 
 
