@@ -99,8 +99,13 @@ class MetricsServer:
             def log_message(self, *args):      # no per-scrape log lines
                 pass
 
+        # a client that connects and sends nothing (or stops reading) is dropped after this, so stop() never
+        # waits longer for the scrapes in flight
+        Handler.timeout = 2.0
         self.httpd = ThreadingHTTPServer((self.host, self.port), Handler)
-        self.httpd.daemon_threads = True
+        # scrapes in flight finish before stop() returns (server_close joins their threads): as daemon threads
+        # they died with the process mid-response, and a last scrape read a truncated body (IncompleteRead)
+        self.httpd.daemon_threads = False
         self.thread = threading.Thread(target=self._serve, name="cn-metrics", daemon=True)
 
     def _serve(self):
