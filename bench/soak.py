@@ -112,6 +112,8 @@ def soak(duration, interval, warmup, model=None, keep=None, rate=1000.0, log=pri
     steady = [s for s in samples if s["sim_running"] and connected + warmup <= s["t_s"] <= connected + duration - interval]
     fds = [s["num_fds"] for s in steady] or [s["num_fds"] for s in samples]
     cycles = ns["cycles"]
+    why_late = ns.get("why_late") or {}
+    late_evidence = why_late.get("evidence") or {}
     report = {
         "duration_s": duration, "rate_hz": rate, "sample_interval_s": interval, "warmup_s": warmup,
         "node_exit_code": node.returncode, "sim_exit_code": sim.returncode,
@@ -137,13 +139,12 @@ def soak(duration, interval, warmup, model=None, keep=None, rate=1000.0, log=pri
                                             "accuracy", "round_trip_ns")},
         "hot_path_allocations": "none: tests/test_loop_core.py::test_hot_path_allocates_nothing_over_100k_cycles",
         # what the why-late recorder (on by default) cost, and what it said
-        "why_late": {"enabled": (ns.get("why_late") or {}).get("enabled", False),
-                     "recorder_cost": ((ns.get("why_late") or {}).get("evidence") or {}).get("recorder_cost"),
-                     "text": (ns.get("why_late") or {}).get("text"),
+        "why_late": {"enabled": why_late.get("enabled", False),
+                     "recorder_cost": late_evidence.get("recorder_cost"),
+                     "text": why_late.get("text"),
                      # the most trace evidence it held unsettled at once (a busy core's trace fills it faster
                      # than the diagnostics thread settles it): the node's memory follows this, not the run
-                     "intervals_peak": ((((ns.get("why_late") or {}).get("evidence") or {}).get("trace") or {})
-                                        .get("intervals_peak"))},
+                     "intervals_peak": (late_evidence.get("trace") or {}).get("intervals_peak")},
         "samples": samples,
     }
     if keep is None:

@@ -85,6 +85,10 @@ class MetricsServer:
         server = self
 
         class Handler(BaseHTTPRequestHandler):
+            # a client that connects and sends nothing (or stops reading) is dropped after this, so stop()
+            # never waits longer for the scrapes in flight
+            timeout = 2.0
+
             def do_GET(self):
                 if self.path.split("?")[0] not in ("/metrics", "/"):
                     self.send_error(404, "try /metrics")
@@ -99,9 +103,6 @@ class MetricsServer:
             def log_message(self, *args):      # no per-scrape log lines
                 pass
 
-        # a client that connects and sends nothing (or stops reading) is dropped after this, so stop() never
-        # waits longer for the scrapes in flight
-        Handler.timeout = 2.0
         self.httpd = ThreadingHTTPServer((self.host, self.port), Handler)
         # scrapes in flight finish before stop() returns (server_close joins their threads): as daemon threads
         # they died with the process mid-response, and a last scrape read a truncated body (IncompleteRead)

@@ -254,9 +254,8 @@ def test_recorder_and_top_killed_node_does_not_notice(tmp_path, iris_model_path)
     # tests' processes, 4 misses in the window once): leave out the misses the node's own attribution puts
     # down to the hypervisor (its timer interrupt came late) or to a task or interrupt it saw on the core. What
     # the kill could do (a send blocking on a dead peer) is the loop's own work: those misses stay counted
-    elsewhere = {e["cycle"] for e in summary["why_late"]["events"]
-            if e["cause"] == "hypervisor" or e["cause"].startswith(("task ", "page faults in task ", "irq ",
-                                                                    "softirq ", "vector "))}
+    foreign = ("hypervisor", "task ", "page faults in task ", "irq ", "softirq ", "vector ")
+    elsewhere = {e["cycle"] for e in summary["why_late"]["events"] if e["cause"].startswith(foreign)}
     misses = a["cycle"][win & ((a["flags"] & MISS) != 0)]
     misses_near = int(sum(1 for c in misses.tolist() if c not in elsewhere))
     print(f"after killing recorder+top: {int(after.sum())} cycles, {misses_near} misses in the next 0.5 s, "

@@ -136,9 +136,11 @@ def _named_for_the_bursts(w, bursts, tick, cause):
         return _overlaps(e, burst, tick)
     hit = {i for i, b in enumerate(bursts) if any(overlaps(e, b) for e in named if e["miss"])}
     # a burst none of whose overlapping misses names it, each naming something else by the rule's evidence
-    elsewhere = {i for i, b in enumerate(bursts) if i not in hit and (lambda over: over and all(
-        _named_otherwise_by_the_rule(e, interferer) for e in over))(
-        [e for e in w["events"] if e["miss"] and overlaps(e, b)])}
+    elsewhere = set()
+    for i, b in enumerate(bursts):
+        over = [e for e in w["events"] if e["miss"] and overlaps(e, b)]
+        if i not in hit and over and all(_named_otherwise_by_the_rule(e, interferer) for e in over):
+            elsewhere.add(i)
     judged = len(bursts) - len(elsewhere)
     assert len(hit) >= 0.8 * judged and len(hit) >= 0.5 * len(bursts), \
         (len(hit), len(bursts), len(elsewhere), w["text"])                                  # recall

@@ -378,12 +378,10 @@ class Recorder:
         return sorted([tuple(int(v) for v in r) for r in self.kept_steal.rows()] + list(self.steal))
 
     def _sink(self, item):
-        n = len(self.intervals)
-        if n == self.intervals.maxlen:
+        if len(self.intervals) == self.intervals.maxlen:
             self.dropped += 1
-        elif n >= self.intervals_peak:
-            self.intervals_peak = n + 1
         self.intervals.append(item)
+        self.intervals_peak = max(self.intervals_peak, len(self.intervals))
 
     # ---- tracefs -------------------------------------------------------------------------------
     def _write(self, rel, value):
