@@ -6,7 +6,14 @@ import fcntl
 import os
 import tempfile
 
-import numpy as np
+# One BLAS / OpenMP thread in every test process and child (set before numpy is imported, inherited by the -n
+# workers and everything they start): three workers share two cores, and OpenBLAS's pool, sized to the cores,
+# spins between calls: the pendulum trainer took 4.5 CPU-s for 2.2 s of work; the README command 480 -> 438
+# CPU-s (303 -> 273 s). The rules tested do not depend on it; speed is bench's, run outside pytest.
+for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+
+import numpy as np  # noqa: E402  (after the thread counts above)
 import pytest
 
 _LOCK_DIR = os.path.join(tempfile.gettempdir(), f"control-node-tests-{os.getuid()}")
@@ -106,18 +113,38 @@ def policy(iris_model_path):
     return Policy.load(iris_model_path)
 
 
-@pytest.fixture(scope="session")
-def pendulum_spec():
-    """The pendulum swing-up policy (`train --task pendulum`'s), trained once per session (7 s of CPU)."""
-    from control_node.train.pendulum import train_pendulum
-    return train_pendulum()
+def made_once(tmp_path_factory, name, make):
+    """The file ``name``, written by ``make(path)`` once for the whole run: the -n workers share it (the first
+    to ask makes it under a lock, the others wait for it), so a policy trained for the run is trained once,
+    not once per worker that needs it. ``make`` must give the same file whichever worker calls it (the
+    trainers are deterministic: test_train_is_deterministic). Returns its path."""
+    base = tmp_path_factory.getbasetemp()
+    # a worker's base is <the run's dir>/popen-gwN; without -n the base is the run's own
+    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    path = root / "made-once" / name
+    path.parent.mkdir(exist_ok=True)
+    with open(f"{path}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not path.exists():
+            part = path.with_name("part-" + name)       # the same suffix: np.savez adds .npz to a name without
+            make(part)
+            os.replace(part, path)
+    return path
 
 
 @pytest.fixture(scope="session")
-def pendulum_model(pendulum_spec, tmp_path_factory):
-    """A verified model file for :func:`pendulum_spec` (path as a string)."""
-    from control_node.train.pendulum import export_verified
-    return str(_exported(export_verified, pendulum_spec, tmp_path_factory, "pendulum.npz"))
+def pendulum_model(tmp_path_factory):
+    """The pendulum swing-up policy (`train --task pendulum`'s) as a verified model file (path as a string),
+    trained once per run (2 CPU-s, and as much again in OpenBLAS's threads)."""
+    from control_node.train.pendulum import export_verified, train_pendulum
+    return str(made_once(tmp_path_factory, "pendulum.npz", lambda p: export_verified(train_pendulum(), p)))
+
+
+@pytest.fixture(scope="session")
+def pendulum_spec(pendulum_model):
+    """:func:`pendulum_model`'s policy, read back from its file."""
+    from control_node.kernels import load_model
+    return load_model(pendulum_model)
 
 
 def continuous_spec(dtype="float32", seed=0, sizes=(6, 32, 32, 4), squash=True, weight_scale=1.0):

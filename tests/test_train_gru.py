@@ -10,6 +10,7 @@ import sys
 import numpy as np
 import pytest
 
+from conftest import made_once
 from control_node.bench.harness import CHILD_CWD, child_env
 
 
@@ -48,12 +49,16 @@ def test_the_training_step_matches_the_model_file_reference():
 
 @pytest.fixture(scope="module")
 def gru_model(tmp_path_factory):
-    path = tmp_path_factory.mktemp("gru") / "pendulum-gru.npz"
-    r = subprocess.run([sys.executable, "-m", "control_node", "train", "--task", "pendulum", "--recurrent", "gru",
-                        "--out", str(path)], cwd=CHILD_CWD, env=child_env(), capture_output=True, text=True,
-                       timeout=600)
-    assert r.returncode == 0, r.stdout + r.stderr
-    return path, r.stdout
+    """`train --task pendulum --recurrent gru`'s model file and output, trained once per run (9 CPU-s) however
+    the -n workers split this module's tests."""
+    def train(path):
+        r = subprocess.run([sys.executable, "-m", "control_node", "train", "--task", "pendulum", "--recurrent",
+                            "gru", "--out", str(path)], cwd=CHILD_CWD, env=child_env(), capture_output=True,
+                           text=True, timeout=600)
+        assert r.returncode == 0, r.stdout + r.stderr
+        (path.parent / "pendulum-gru.out").write_text(r.stdout)       # before the model file is in place
+    path = made_once(tmp_path_factory, "pendulum-gru.npz", train)
+    return path, (path.parent / "pendulum-gru.out").read_text()
 
 
 def test_the_trained_gru_swings_up_offline_in_the_compiled_kernel(gru_model):
