@@ -247,15 +247,18 @@ def write_json(path, payload):
 STREAM_ROW = "weights read once in order, C loop (measured memory floor)"
 
 
-def weights_read_row(weight_bytes: int):
+def weights_read_row(weight_bytes: int, isa: str | None = None):
     """A ``(name, fn, arg)`` row that reads ``weight_bytes`` (rounded up to 512) once, in order, at C level
-    (``mlp_stream_read``, the kernels' prefetch distance): the memory floor measured on this machine, timed in
-    the same round-robin as the kernel, so under the same cache conditions."""
+    (``mlp_stream_read``, the kernels' prefetch distance, the vectors of the kernel copy ``isa`` names, as for
+    ``Policy``; default the widest): the memory floor measured on this machine, timed in the same round-robin
+    as the kernel, so under the same cache conditions."""
+    import functools
+
     from control_node.kernels._policy import _stream_read
     n = -(-int(weight_bytes) // 512) * 128
     raw = np.zeros(n * 4 + 64, dtype=np.uint8)
     off = (-raw.ctypes.data) % 64
     buf = raw[off:off + n * 4].view(np.float32)
     buf[:] = 1e-3
-    return STREAM_ROW, _stream_read, buf
+    return STREAM_ROW, functools.partial(_stream_read, isa=isa), buf
 

@@ -97,15 +97,8 @@ def _probe():
 
 
 def default_isa() -> str:
-    """The vector copy the kernels take for large policies: the widest this CPU runs, capped by
-    CONTROL_NODE_ISA=avx2 / sse2 as kernels/mlp_core.h caps it."""
-    have = _probe().supported()
-    force = os.environ.get("CONTROL_NODE_ISA", "")
-    if force == "sse2":
-        return "sse2"
-    if force == "avx2":
-        return "avx2+fma" if "avx2+fma" in have else "sse2"
-    return have[0]
+    """The vector copy the kernels take for large policies: the widest this CPU runs."""
+    return _probe().supported()[0]
 
 
 def level_buffers(caches: dict, mem_available: int | None = None) -> tuple[dict, dict]:

@@ -134,7 +134,7 @@ cdef extern from "mlp_core.h" nogil:
     enum: MLP_ISA_PORTABLE
     enum: MLP_ISA_AVX2
     enum: MLP_ISA_AVX512
-    float mlp_stream_read(const float *p, size_t n)
+    float mlp_stream_read(const float *p, size_t n, int want)
     enum: MLP_HEAD_ARGMAX
     enum: MLP_HEAD_CONTINUOUS
     enum: MLP_RNN_NONE

@@ -54,10 +54,14 @@ def _in_panels(W, int PW):
     return cols.reshape(n_in, -1, PW).transpose(1, 0, 2).ravel()
 
 
-def _stream_read(cnp.ndarray buf):
+def _stream_read(cnp.ndarray buf, isa=None):
     """Benchmark probe: read ``buf`` (float32, 1-D, 64-byte aligned, a multiple of 128 values) once in order
-    at C level (``mlp_stream_read``, the widest vectors the CPU has): a measured memory floor for weights of
-    that size. Returns their sum."""
+    at C level (``mlp_stream_read``, the vectors of the copy ``isa`` names, as for ``Policy``; default the
+    widest the CPU has): a measured memory floor for weights of that size. Returns their sum."""
+    cdef int want = _isa_code(isa)
+    cdef const char *missing = mlp_isa_missing(want)
+    if missing is not NULL:
+        raise ValueError(f"isa={isa!r}: this CPU (or build) cannot run that copy: it lacks {missing.decode()}")
     if buf.dtype != np.float32 or buf.ndim != 1 or buf.shape[0] % 128 or cnp.PyArray_DATA(buf) is NULL \
             or (<size_t> cnp.PyArray_DATA(buf)) % BLOCK_BYTES:
         raise ValueError("buf: a 64-byte aligned 1-D float32 array of a multiple of 128 values")
@@ -65,7 +69,7 @@ def _stream_read(cnp.ndarray buf):
     cdef size_t n = buf.shape[0]
     cdef float s
     with nogil:
-        s = mlp_stream_read(p, n)
+        s = mlp_stream_read(p, n, want)
     return s
 
 

@@ -48,9 +48,9 @@
  * x86-64-v3 (AVX2 + FMA, 32-byte vectors) and the baseline (SSE2, 16-byte vectors),
  * and mlp_*_kernel() picks one at load time with __builtin_cpu_supports (the small
  * compile-time-shaped kernels stay on AVX2: their registers hold 32-byte rows).
- * Policy(spec, isa="sse2" | "avx2" | "avx512") selects a copy (m->isa_want; mlp_isa_missing() first).
- * CONTROL_NODE_ISA=avx2|sse2 still narrows the automatic choice (and the bench's stream-read probe). MLP_NATIVE (CONTROL_NODE_NATIVE=1
- * at build time) compiles a single -march=native copy instead.
+ * Policy(spec, isa="sse2" | "avx2" | "avx512") selects a copy (m->isa_want; mlp_isa_missing() first), as
+ * the bench's stream-read probe's `want` does. MLP_NATIVE (CONTROL_NODE_NATIVE=1 at build time) compiles a
+ * single -march=native copy instead.
  */
 #ifndef CONTROL_NODE_MLP_CORE_H
 #define CONTROL_NODE_MLP_CORE_H
@@ -549,7 +549,7 @@ MLP_LD_SCALAR(float, mlp_v8f, mlp_ld_f32_one)
 #include "mlp_body.h"
 MLP_SMALL_ALL(mlp_v4d, mlp_v8f, 4, 8, _one)
 MLP_STREAM_READ(mlp_v8f, _one)
-static float mlp_stream_read(const float *p, size_t n) { return mlp_stream_read_one(p, n); }
+static float mlp_stream_read(const float *p, size_t n, int want) { (void)want; return mlp_stream_read_one(p, n); }
 #define MLP_PICK(NAME, m) do { MLP_SET(NAME, m, _one, mlp_isa()); if (MLP_SMALL_FITS(m)) NAME##_pick_small_one(m); } while (0)
 /* One copy only: a named copy cannot be chosen. */
 static const char *mlp_isa_missing(int want) {
@@ -727,14 +727,6 @@ MLP_STREAM_READ(mlp_v16f, _avx512)
 #pragma GCC pop_options
 #endif
 
-/* CONTROL_NODE_ISA=sse2 or avx2 forces a narrower copy (to test it, or compare). */
-static int mlp_isa_allowed(const char *isa) {
-    const char *force = getenv("CONTROL_NODE_ISA");
-    if (!force || !*force) return 1;
-    if (strcmp(force, "sse2") == 0) return 0;
-    if (strcmp(force, "avx2") == 0) return strcmp(isa, "avx2") == 0;
-    return 1;
-}
 /* F16C (the avx2 copy's f16 loads) by CPUID leaf 1, ECX bit 29: clang 14's __builtin_cpu_supports knows
  * neither "f16c" nor "x86-64-v3", and the kernel must build with both compilers. */
 static int mlp_cpu_f16c(void) {
@@ -743,12 +735,12 @@ static int mlp_cpu_f16c(void) {
 }
 static int mlp_has_avx2(void) {
     __builtin_cpu_init();
-    return mlp_isa_allowed("avx2") && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")
         && mlp_cpu_f16c();
 }
 static int mlp_has_avx512(void) {
     __builtin_cpu_init();
-    return mlp_isa_allowed("avx512") && mlp_has_avx2() && __builtin_cpu_supports("avx512f")
+    return mlp_has_avx2() && __builtin_cpu_supports("avx512f")
         && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512bw")
         && __builtin_cpu_supports("avx512vl");
 }
@@ -783,12 +775,11 @@ static const char *mlp_isa_missing(int want) {
 static const char *mlp_isa(void) {
     return mlp_has_avx512() ? "avx512" : mlp_has_avx2() ? "avx2+fma" : "sse2";
 }
-static float mlp_stream_read(const float *p, size_t n) {
-    static float (*chosen)(const float *, size_t) = 0;      /* picked on the first call, not per call */
-    if (!chosen)
-        chosen = mlp_has_avx512() ? mlp_stream_read_avx512 : mlp_has_avx2() ? mlp_stream_read_avx2
-                                : mlp_stream_read_sse2;
-    return chosen(p, n);
+/* The copy `want` (MLP_ISA_*; the caller has asked mlp_isa_missing() first), or the widest for AUTO. */
+static float mlp_stream_read(const float *p, size_t n, int want) {
+    if (want == MLP_ISA_AVX512 || (want == MLP_ISA_AUTO && mlp_has_avx512())) return mlp_stream_read_avx512(p, n);
+    if (want == MLP_ISA_AVX2 || (want == MLP_ISA_AUTO && mlp_has_avx2())) return mlp_stream_read_avx2(p, n);
+    return mlp_stream_read_sse2(p, n);
 }
 #endif
 

@@ -46,6 +46,13 @@ def pytest_runtest_protocol(item, nextitem):
         yield
 
 
+def pytest_collection_modifyitems(config, items):
+    """Machine-exclusive tests run last (a stable sort: pytest-randomly's order is otherwise kept). Each waits
+    for every shared test in flight to end, then holds the other workers idle while it runs; in the middle of
+    the run that stalls two workers per exclusive test, at the end it overlaps the run's own tail."""
+    items.sort(key=lambda item: item.get_closest_marker("machine_exclusive") is not None)
+
+
 def pytest_configure(config):
     """Byte-compile the package once, in the controlling process, before any worker starts: the suite starts
     ~400 Python children (nodes, simulators, the CLI) and with PYTHONDONTWRITEBYTECODE=1 (set on the machines

@@ -225,21 +225,23 @@ def test_avx512_copy_is_chosen_where_the_cpu_has_it():
     assert p.isa == "avx512"
 
 
-@pytest.mark.parametrize("isa", ["", "avx2", "sse2"])
+@pytest.mark.parametrize("isa", [None, "sse2", "avx2", "avx512"])
 def test_stream_read_probe_reads_every_value(isa):
-    """bench's measured memory floor reads each value once: its sum is the array's (every vector width)."""
-    import subprocess
-    import sys
-    code = ("import numpy as np; from control_node.bench.common import weights_read_row\n"
-            "name, fn, buf = weights_read_row(100_000)\n"
-            "buf[:] = np.arange(buf.size, dtype=np.float32) % 7\n"
-            "print(buf.size, fn(buf), float(buf.astype(np.float64).sum()))\n"
-            "for bad in (buf[:100], buf[1:129], buf.astype(np.float64)):\n"
-            "    try:\n        fn(bad)\n    except ValueError as e:\n        print('refused', e)\n")
-    env = dict(__import__("os").environ, CONTROL_NODE_ISA=isa)
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True).stdout
-    first, *refusals = out.strip().splitlines()
-    size, got, want = first.split()
-    assert int(size) % 128 == 0 and int(size) * 4 >= 100_000
-    assert float(got) == pytest.approx(float(want), rel=1e-5)
-    assert len(refusals) == 3 and all("multiple of 128 values" in r for r in refusals)
+    """bench's measured memory floor reads each value once: its sum is the array's, with each copy's vectors
+    (selected by name, in this process, as ``Policy(spec, isa=...)`` selects a kernel copy)."""
+    from control_node.bench.common import weights_read_row
+    from control_node.kernels._policy import isa_missing
+    missing = isa_missing(isa)
+    if missing:
+        with pytest.raises(ValueError, match=f"lacks {missing}"):
+            weights_read_row(100_000, isa)[1](weights_read_row(100_000)[2])
+        pytest.skip(f"this CPU cannot run the {isa} copy (it lacks {missing}); refused by name, as checked")
+    name, fn, buf = weights_read_row(100_000, isa)
+    assert buf.size % 128 == 0 and buf.size * 4 >= 100_000
+    buf[:] = np.arange(buf.size, dtype=np.float32) % 7
+    assert float(fn(buf)) == pytest.approx(float(buf.astype(np.float64).sum()), rel=1e-5)
+    for bad in (buf[:100], buf[1:129], buf.astype(np.float64)):
+        with pytest.raises(ValueError, match="multiple of 128 values"):
+            fn(bad)
+    with pytest.raises(ValueError, match="isa: 'neon' is not a kernel copy"):
+        weights_read_row(100_000, "neon")[1](buf)
