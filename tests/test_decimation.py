@@ -70,9 +70,13 @@ def test_bad_decimation_fails_naming_the_field(tmp_path, iris_model_path, text, 
 BAD = [b"\xc1", msgpack.packb([1, 2, 3]), msgpack.packb({"seq": 5, "t_ns": 1})]
 
 
-def _send_bursts(endpoint, xs, bursts, burst_s, gap_s, bad_every):
+def _send_bursts(endpoint, xs, bursts, burst_s, gap_s, bad_every, col):
     """Valid frames at ~1 kHz in ``bursts`` bursts of ``burst_s`` separated by ``gap_s`` of silence (each gap
-    trips the watchdog), a bad frame after every ``bad_every``-th valid one. Returns (valid sent, bad sent)."""
+    trips the watchdog), a bad frame after every ``bad_every``-th valid one, then one last valid frame whose
+    seq an action of the node (``col``: its ActionCollector) carries before this returns: fresh or safe, an
+    action carries the seq of the newest valid frame the node took, and ZeroMQ keeps this connection's order,
+    so every frame before it was read and counted by then. (A fixed 0.1 s wait failed under -n 4: the node
+    was stopped with 213 of 1800 valid frames still queued.) Returns (valid sent, bad sent)."""
     pub = subscribed_publisher(endpoint)
     seq, bad = 1000, 0
     for b in range(bursts):
@@ -91,6 +95,12 @@ def _send_bursts(endpoint, xs, bursts, burst_s, gap_s, bad_every):
         if b < bursts - 1:
             time.sleep(gap_s + 0.0037 * b)          # unequal gaps: the trips fall at different phases
     time.sleep(0.1)
+    seq += 1
+    pub.send(msgpack.packb({"seq": seq, "t_ns": time.monotonic_ns(), "x": list(xs[seq % len(xs)])}))
+    deadline = time.monotonic() + 60
+    while not any(a["seq"] >= seq for a in col.actions[-50:]):
+        assert time.monotonic() < deadline, "the last frame never reached the node's actions"
+        time.sleep(0.01)
     pub.close(linger=2000)
     return seq - 1000, bad
 
@@ -111,8 +121,8 @@ def test_decimation_holds_the_action_between_inference_ticks(tmp_path, continuou
     col = ActionCollector(node.endpoints["action"])
     try:
         time.sleep(0.3)
-        valid, bad = _send_bursts(node.endpoints["sensor"], xs, bursts=3, burst_s=0.6, gap_s=0.08, bad_every=7)
-        time.sleep(0.1)
+        valid, bad = _send_bursts(node.endpoints["sensor"], xs, bursts=3, burst_s=0.6, gap_s=0.08, bad_every=7,
+                                  col=col)
     finally:
         actions = col.close()
         rc, out, err, run_dir = stop_node(node)

@@ -429,9 +429,12 @@ def test_fuzz_onnx_with_mutated_tensors_nodes_and_attributes_imports_or_is_refus
 
 
 @pytest.mark.slow
-@settings(max_examples=400, **FUZZ)
+@settings(max_examples=200, **FUZZ)
 @given(st.data())
 def test_fuzz_mutated_pt_bytes_import_or_are_refused(data):
+    """200 byte-level mutations of a real TorchScript file (was 400): every one that stays a readable zip is
+    a torch.jit.load, 13 ms alone and 2-3x that beside the suite's other workers, the suite's costliest test
+    at 18 CPU-s; the mutations that reach torch's own parser are the zip-entry fuzz's below (800)."""
     mutated = _mutate(data.draw, PT_BASE)
     _import_in_tempdir(mutated, data.draw(st.sampled_from([".pt", ".pth", ".jit"])))
 
