@@ -254,11 +254,12 @@ def weights_read_row(weight_bytes: int, isa: str | None = None):
     as the kernel, so under the same cache conditions."""
     import functools
 
-    from control_node.kernels._policy import _stream_read
+    from control_node.kernels._policy import _stream_read, stream_read_code
+    fn = _stream_read if isa is None else functools.partial(_stream_read, want=stream_read_code(isa))
     n = -(-int(weight_bytes) // 512) * 128
     raw = np.zeros(n * 4 + 64, dtype=np.uint8)
     off = (-raw.ctypes.data) % 64
     buf = raw[off:off + n * 4].view(np.float32)
     buf[:] = 1e-3
-    return STREAM_ROW, functools.partial(_stream_read, isa=isa), buf
+    return STREAM_ROW, fn, buf
 

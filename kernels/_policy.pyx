@@ -54,14 +54,10 @@ def _in_panels(W, int PW):
     return cols.reshape(n_in, -1, PW).transpose(1, 0, 2).ravel()
 
 
-def _stream_read(cnp.ndarray buf, isa=None):
+def _stream_read(cnp.ndarray buf, int want=MLP_ISA_AUTO):
     """Benchmark probe: read ``buf`` (float32, 1-D, 64-byte aligned, a multiple of 128 values) once in order
-    at C level (``mlp_stream_read``, the vectors of the copy ``isa`` names, as for ``Policy``; default the
-    widest the CPU has): a measured memory floor for weights of that size. Returns their sum."""
-    cdef int want = _isa_code(isa)
-    cdef const char *missing = mlp_isa_missing(want)
-    if missing is not NULL:
-        raise ValueError(f"isa={isa!r}: this CPU (or build) cannot run that copy: it lacks {missing.decode()}")
+    at C level (``mlp_stream_read``, the vectors of the copy ``want`` codes (``stream_read_code``); default
+    the widest the CPU has): a measured memory floor for weights of that size. Returns their sum."""
     if buf.dtype != np.float32 or buf.ndim != 1 or buf.shape[0] % 128 or cnp.PyArray_DATA(buf) is NULL \
             or (<size_t> cnp.PyArray_DATA(buf)) % BLOCK_BYTES:
         raise ValueError("buf: a 64-byte aligned 1-D float32 array of a multiple of 128 values")
@@ -84,6 +80,16 @@ def _isa_code(isa):
         raise ValueError(f"isa: {isa!r} is not a kernel copy; use one of {', '.join(k for k in ISAS if k)} "
                          "(or None for the widest this CPU runs)")
     return ISAS[isa]
+
+
+def stream_read_code(isa):
+    """``_stream_read``'s ``want`` for the copy ``isa`` (names as for ``Policy``), checked once here, not per
+    timed read: ValueError naming the feature this CPU lacks."""
+    cdef int want = _isa_code(isa)
+    cdef const char *missing = mlp_isa_missing(want)
+    if missing is not NULL:
+        raise ValueError(f"isa={isa!r}: this CPU (or build) cannot run that copy: it lacks {missing.decode()}")
+    return want
 
 
 def isa_missing(isa):

@@ -775,10 +775,16 @@ static const char *mlp_isa_missing(int want) {
 static const char *mlp_isa(void) {
     return mlp_has_avx512() ? "avx512" : mlp_has_avx2() ? "avx2+fma" : "sse2";
 }
-/* The copy `want` (MLP_ISA_*; the caller has asked mlp_isa_missing() first), or the widest for AUTO. */
+/* The copy `want` (MLP_ISA_*; the caller has asked mlp_isa_missing() first), or the widest for AUTO, found
+ * on the first call and kept: the F16C test is a CPUID, a VM exit, which a timed read must not pay. */
 static float mlp_stream_read(const float *p, size_t n, int want) {
-    if (want == MLP_ISA_AVX512 || (want == MLP_ISA_AUTO && mlp_has_avx512())) return mlp_stream_read_avx512(p, n);
-    if (want == MLP_ISA_AVX2 || (want == MLP_ISA_AUTO && mlp_has_avx2())) return mlp_stream_read_avx2(p, n);
+    static int widest = -1;
+    if (want == MLP_ISA_AUTO) {
+        if (widest < 0) widest = mlp_has_avx512() ? MLP_ISA_AVX512 : mlp_has_avx2() ? MLP_ISA_AVX2 : MLP_ISA_PORTABLE;
+        want = widest;
+    }
+    if (want == MLP_ISA_AVX512) return mlp_stream_read_avx512(p, n);
+    if (want == MLP_ISA_AVX2) return mlp_stream_read_avx2(p, n);
     return mlp_stream_read_sse2(p, n);
 }
 #endif
