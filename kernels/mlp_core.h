@@ -495,7 +495,7 @@ MLP_RESET(float, mlp_f32)
 /* Benchmark probe (control-node bench policy / recurrent): read n floats (n a multiple of 128, 64-byte
  * aligned) once, in order, with the kernels' prefetch distance: what streaming a policy's weights costs
  * at best on this machine, a measured floor beside the published one. Returns the sum so that the loads
- * stay. One copy per vector width, the widest the CPU has (as the kernels): 8 independent accumulators,
+ * stay. One copy per vector width, the one `want` names or the widest the CPU has: 8 independent accumulators,
  * so the adds never limit it below the cache's rate. */
 #define MLP_STREAM_READ(VT, SFX)                                                      \
 static float mlp_stream_read##SFX(const float *p, size_t n) {                         \
@@ -775,14 +775,14 @@ static const char *mlp_isa_missing(int want) {
 static const char *mlp_isa(void) {
     return mlp_has_avx512() ? "avx512" : mlp_has_avx2() ? "avx2+fma" : "sse2";
 }
-/* The copy `want` (MLP_ISA_*; the caller has asked mlp_isa_missing() first), or the widest for AUTO, found
- * on the first call and kept: the F16C test is a CPUID, a VM exit, which a timed read must not pay. */
+/* The copy `want` (MLP_ISA_*) names, or the widest for AUTO; a copy this CPU cannot run reads with the
+ * widest it can (never an illegal instruction; callers ask mlp_isa_missing() first and refuse by name).
+ * The widest is found on the first call and kept: the F16C test is a CPUID, a VM exit a timed read must not
+ * pay. */
 static float mlp_stream_read(const float *p, size_t n, int want) {
     static int widest = -1;
-    if (want == MLP_ISA_AUTO) {
-        if (widest < 0) widest = mlp_has_avx512() ? MLP_ISA_AVX512 : mlp_has_avx2() ? MLP_ISA_AVX2 : MLP_ISA_PORTABLE;
-        want = widest;
-    }
+    if (widest < 0) widest = mlp_has_avx512() ? MLP_ISA_AVX512 : mlp_has_avx2() ? MLP_ISA_AVX2 : MLP_ISA_PORTABLE;
+    if (want == MLP_ISA_AUTO || want > widest) want = widest;
     if (want == MLP_ISA_AVX512) return mlp_stream_read_avx512(p, n);
     if (want == MLP_ISA_AVX2) return mlp_stream_read_avx2(p, n);
     return mlp_stream_read_sse2(p, n);

@@ -6,14 +6,18 @@ import fcntl
 import os
 import tempfile
 
-# One BLAS / OpenMP thread in every test process and child (set before numpy is imported, inherited by the -n
-# workers and everything they start): three workers share two cores, and OpenBLAS's pool, sized to the cores,
-# spins between calls: the pendulum trainer took 4.5 CPU-s for 2.2 s of work; the README command 480 -> 438
-# CPU-s (303 -> 273 s). The rules tested do not depend on it; speed is bench's, run outside pytest.
+# One BLAS / OpenMP thread in every test process and child: three workers share two cores, and OpenBLAS's
+# pool, sized to the cores, spins between calls: the pendulum trainer took 4.5 CPU-s for 2.2 s of work; the
+# README command 480 -> 438 CPU-s (303 -> 273 s). The environment reaches the -n workers and every child
+# they start; this process may have loaded OpenBLAS already (pytest-randomly imports numpy.random first), so
+# its pool is limited in place. The rules tested do not depend on it; speed is bench's, run outside pytest.
 for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
-import numpy as np  # noqa: E402  (after the thread counts above)
+import numpy as np  # noqa: E402
+from threadpoolctl import threadpool_limits  # noqa: E402  (scikit-learn's dependency)
+
+threadpool_limits(1)
 import pytest
 
 _LOCK_DIR = os.path.join(tempfile.gettempdir(), f"control-node-tests-{os.getuid()}")
@@ -142,7 +146,7 @@ def made_once(tmp_path_factory, name, make):
 @pytest.fixture(scope="session")
 def pendulum_model(tmp_path_factory):
     """The pendulum swing-up policy (`train --task pendulum`'s) as a verified model file (path as a string),
-    trained once per run (2 CPU-s, and as much again in OpenBLAS's threads)."""
+    trained once per run (2 CPU-s)."""
     from control_node.train.pendulum import export_verified, train_pendulum
     return str(made_once(tmp_path_factory, "pendulum.npz", lambda p: export_verified(train_pendulum(), p)))
 

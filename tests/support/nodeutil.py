@@ -254,12 +254,12 @@ def assert_replay_compared_every_recorded_answer(mcap, sim_dir, verify_summary):
     The recording's /sensor frames are exactly the simulator's frames between the first and last one it
     holds (nothing lost inside the recording; frames published before the recorder's SUB joined the tap
     are PUB/SUB's slow joiner), and ``compared`` covers every non-safe answer the simulator received for
-    them whose seq the recorded /action carries. An answer the recording holds no action for is allowed
+    them whose first recorded action is not safe. An answer the recording holds no such action for is allowed
     only where the recording shows the loss: a gap in the node's cycle numbers (a subscriber that falls
     more than [limits] send_hwm messages behind loses them, by design, sockets.py; a recorder starved on a
     loaded host lost 171 in a row once, one of them the only answer to a frame). Counts from the run's own
     evidence: a bound like "> 500 compared" measures the host's speed."""
-    from control_node.recording.reader import read_recording
+    from control_node.recording.reader import read_recording, recorded_answers
     rec = read_recording(mcap, ["/sensor", "/action"])
     sensor = [msgpack.unpackb(raw)["seq"] for raw, _ in rec["/sensor"]]
     actions = [msgpack.unpackb(raw) for raw, _ in rec["/action"]]
@@ -270,7 +270,8 @@ def assert_replay_compared_every_recorded_answer(mcap, sim_dir, verify_summary):
     # (1587 compared of 1588 once)
     last_answered = max(a["seq"] for a in actions)
     answered = in_span & (rt["seq"] <= last_answered) & (rt["rtt_ns"] >= 0) & ~rt["safe"]
-    held = answered & np.isin(rt["seq"], [a["seq"] for a in actions])
+    # the answers verify compares: the first recorded action of a seq, when not safe (recorded_answers)
+    held = answered & np.isin(rt["seq"], [q for q, (_, safe) in recorded_answers(mcap).items() if not safe])
     cycles = np.array([a["cycle"] for a in actions])
     lost_cycles = int(np.clip(np.diff(cycles) - 1, 0, None).sum())
     assert held.sum() == answered.sum() or lost_cycles > 0, \
