@@ -462,6 +462,20 @@ def _switch_line(t_s, prev, prev_pid, nxt, next_pid):
             f"prev_prio=120 prev_state=R ==> next_comm={nxt} next_pid={next_pid} next_prio=120\n")
 
 
+def test_lost_events_lines_are_counted_not_unparsed():
+    """trace_pipe's "CPU:1 [LOST n EVENTS]" (the ring overran before the reader took it: a series run on a
+    loaded host printed one, and the run counted it as an unparsed line) is evidence that could not be kept,
+    counted as such; anything else the parser cannot read stays unparsed."""
+    from control_node.diagnosis.attribution import TraceParser
+    got = []
+    p = TraceParser(loop_tid=4242, sink=got.append)
+    for line in (_switch_line(1.0, "<idle>", 0, "hog", 77) + "CPU:1 [LOST 1234 EVENTS]\n"
+                 + _switch_line(1.004, "hog", 77, "swapper/1", 0) + "not a trace line\n").splitlines():
+        p.feed(line)
+    assert p.events_lost == 1234 and p.unparsed == 1 and p.lines == 4
+    assert ("task", "hog", 1_000_000_000, 1_004_000_000) in got
+
+
 def test_only_trace_text_near_a_late_cycle_is_parsed_and_the_rest_counted():
     """Two reads of trace text: a task holding the core near a late cycle's window (parsed: its interval is
     evidence), and one far from any (left out: its lines counted, no interval). A line cut between two

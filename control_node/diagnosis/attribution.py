@@ -50,6 +50,8 @@ _LINE = re.compile(r"^\s*(?P<comm>.+?)-(?P<pid>\d+)\s+\[(?P<cpu>\d+)\]\s+\S+\s+(
                    r"(?P<event>\w+): (?P<body>.*)$")
 _SWITCH = re.compile(r"prev_comm=(?P<pc>.*?) prev_pid=(?P<pp>-?\d+) .*?==> next_comm=(?P<nc>.*?) "
                      r"next_pid=(?P<np>-?\d+)")
+# what trace_pipe prints where the ring overran before the reader took its events (kernel/trace/trace.c)
+_LOST = re.compile(r"^\s*CPU:\d+ \[LOST (?P<n>\d+) EVENTS\]")
 _WAKEUP = re.compile(r"comm=.*? pid=(?P<pid>\d+) ")
 _IRQ = re.compile(r"irq=(?P<irq>\d+)(?: name=(?P<name>\S+))?")
 _SOFTIRQ = re.compile(r"vec=(?P<vec>\d+) \[action=(?P<name>\w+)\]")
@@ -72,7 +74,7 @@ class TraceParser:
         self.open = {}                 # (kind, key) -> (name, t0_ns) of an interrupt being handled
         self.woken = {}                # pid -> t_ns of its last sched_wakeup seen on this core
         self.last_t = None
-        self.lines = self.unparsed = self.inferred_switches = 0
+        self.lines = self.unparsed = self.inferred_switches = self.events_lost = 0
 
     def _switch(self, comm, pid, start, end):
         if self.running is not None:
@@ -86,7 +88,11 @@ class TraceParser:
         self.lines += 1
         m = _LINE.match(line)
         if m is None:
-            self.unparsed += 1
+            lost = _LOST.match(line)
+            if lost is None:
+                self.unparsed += 1
+            else:           # evidence the kernel could not keep (a reader behind on a loaded host): counted
+                self.events_lost += int(lost.group("n"))
             return
         sec, _, frac = m.group("ts").partition(".")
         t = int(sec) * 1_000_000_000 + int(frac.ljust(9, "0")[:9])
@@ -607,6 +613,7 @@ class Recorder:
             self.evidence["trace"].update(kept_near_late_cycles=self.kept.n, kept_dropped=self.kept_dropped,
                                           late_cycles_noted=self.windows.n, late_cycles_dropped=self.windows_dropped,
                                           lines=self.parser.lines, unparsed=self.parser.unparsed,
+                                          events_lost=self.parser.events_lost,
                                           lines_skipped_far_from_late_cycles=self.lines_skipped,
                                           switches_inferred=self.parser.inferred_switches,
                                           intervals_kept=len(self.intervals), intervals_dropped=self.dropped,
