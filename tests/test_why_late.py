@@ -450,7 +450,8 @@ def test_the_trace_instance_is_removed_and_tracefs_left_as_found(tmp_path, conti
     if not tr["granted"]:
         pytest.skip(f"tracefs not granted here: {tr['detail']}")
     # every line read is either parsed (near a late cycle) or counted as left out
-    assert tr["lines"] + tr["lines_skipped_far_from_late_cycles"] > 1000 and tr["unparsed"] == 0
+    assert tr["lines"] + tr["lines_skipped_far_from_late_cycles"] > 1000
+    assert tr["unparsed"] == 0, tr["unparsed_examples"]
     assert not os.path.exists(f"/sys/kernel/tracing/instances/control-node-{node.proc.pid}")
     assert os.path.ismount("/sys/kernel/tracing") == was or not tr.get("mounted_by_node")
     assert np.isfinite(summary["duration_s"])
@@ -473,6 +474,7 @@ def test_lost_events_lines_are_counted_not_unparsed():
                  + _switch_line(1.004, "hog", 77, "swapper/1", 0) + "not a trace line\n").splitlines():
         p.feed(line)
     assert p.events_lost == 1234 and p.unparsed == 1 and p.lines == 4
+    assert p.unparsed_examples == ["not a trace line"]
     assert ("task", "hog", 1_000_000_000, 1_004_000_000) in got
 
 

@@ -75,6 +75,12 @@ class TraceParser:
         self.woken = {}                # pid -> t_ns of its last sched_wakeup seen on this core
         self.last_t = None
         self.lines = self.unparsed = self.inferred_switches = self.events_lost = 0
+        self.unparsed_examples = []     # the first few, in the evidence: a line nobody can see is not fixed
+
+    def _unparsed(self, line: str) -> None:
+        self.unparsed += 1
+        if len(self.unparsed_examples) < 3:
+            self.unparsed_examples.append(line[:200])
 
     def _switch(self, comm, pid, start, end):
         if self.running is not None:
@@ -90,7 +96,7 @@ class TraceParser:
         if m is None:
             lost = _LOST.match(line)
             if lost is None:
-                self.unparsed += 1
+                self._unparsed(line)
             else:           # evidence the kernel could not keep (a reader behind on a loaded host): counted
                 self.events_lost += int(lost.group("n"))
             return
@@ -108,25 +114,25 @@ class TraceParser:
         if ev == "sched_switch":
             s = _SWITCH.search(body)
             if s is None:
-                self.unparsed += 1
+                self._unparsed(line)
                 return
             self._switch(s.group("nc"), int(s.group("np")), t, t)
         elif ev in ("sched_wakeup", "sched_waking"):
             s = _WAKEUP.search(body)
             if s is None:
-                self.unparsed += 1
+                self._unparsed(line)
                 return
             self.woken[int(s.group("pid"))] = t
         elif ev in ("irq_handler_entry", "irq_handler_exit"):
             s = _IRQ.search(body)
             if s is None:
-                self.unparsed += 1
+                self._unparsed(line)
                 return
             self._pair("irq", s.group("irq"), s.group("name"), ev.endswith("entry"), t)
         elif ev in ("softirq_entry", "softirq_exit"):
             s = _SOFTIRQ.search(body)
             if s is None:
-                self.unparsed += 1
+                self._unparsed(line)
                 return
             self._pair("softirq", s.group("vec"), s.group("name"), ev.endswith("entry"), t)
         elif ev.endswith("_entry") or ev.endswith("_exit"):        # x86 vectors: local_timer, reschedule, ...
@@ -614,6 +620,7 @@ class Recorder:
                                           late_cycles_noted=self.windows.n, late_cycles_dropped=self.windows_dropped,
                                           lines=self.parser.lines, unparsed=self.parser.unparsed,
                                           events_lost=self.parser.events_lost,
+                                          unparsed_examples=self.parser.unparsed_examples,
                                           lines_skipped_far_from_late_cycles=self.lines_skipped,
                                           switches_inferred=self.parser.inferred_switches,
                                           intervals_kept=len(self.intervals), intervals_dropped=self.dropped,
