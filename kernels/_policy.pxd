@@ -23,10 +23,10 @@ from libc.stdint cimport int64_t
 cdef extern from "mlp_core.h" nogil:
     enum: MLP_MAX_LAYERS
 
-    # mlp_core.h MLP_STRUCT: one struct per model dtype with the same fields. Those of the model dtype
-    # (float / double pointers in C) are declared void * here: C converts void * on assignment, so one
-    # pair of fused functions (_policy.pyx _fill_shape, _fill_buffers) fills either struct and nothing here is written per dtype.
-    ctypedef struct mlp_f64:
+    # mlp_core.h MLP_FIELDS as mlp_desc: a policy's fields with every pointer of the model dtype untyped. The
+    # loader fills one for either dtype; mlp_kernel_init copies it into the typed struct (mlp_f64 / mlp_f32,
+    # which Cython never names) inside an mlp_model, the policy's storage.
+    ctypedef struct mlp_desc:
         int n_layers
         int dims[MLP_MAX_LAYERS + 1]
         int pdims[MLP_MAX_LAYERS + 1]
@@ -74,56 +74,10 @@ cdef extern from "mlp_core.h" nogil:
         const float *wsh
         int isa_want
 
-    ctypedef struct mlp_f32:
-        int n_layers
-        int dims[MLP_MAX_LAYERS + 1]
-        int pdims[MLP_MAX_LAYERS + 1]
-        int dot_form[MLP_MAX_LAYERS]
-        int small_layout
-        int specialised
-        const char *isa
-        const double *mean
-        const double *scale
-        const void *W[MLP_MAX_LAYERS]
-        const void *b[MLP_MAX_LAYERS]
-        void *act[MLP_MAX_LAYERS + 1]
-        int act_code[MLP_MAX_LAYERS]
-        double alpha[MLP_MAX_LAYERS]
-        int pre
-        const double *obs_scale
-        const double *obs_lo
-        const double *obs_hi
-        const double *norm_lo
-        const double *norm_hi
-        int head
-        int squash
-        const double *act_lo
-        const double *act_hi
-        const double *act_off
-        const double *act_scale
-        int rnn
-        int n_obs
-        void *xin
-        int H
-        int pH
-        int pg
-        const void *Wx
-        const void *Wh
-        const void *bx
-        const void *bh
-        void *gx
-        void *gh
-        void *h
-        void *c
-        int64_t *resets
-        int wkind
-        const float *ws[MLP_MAX_LAYERS]
-        const float *wsx
-        const float *wsh
-        int isa_want
+    ctypedef struct mlp_model:       # a C union of the two typed structs: opaque here
+        pass
 
-    int mlp_f64_small_rule(const mlp_f64 *m)
-    int mlp_f32_small_rule(const mlp_f32 *m)
+    int mlp_small_rule(const mlp_desc *d, int itemsize)
     const char *mlp_isa()
     const char *mlp_isa_missing(int want)
     enum: MLP_W_NATIVE
@@ -142,8 +96,8 @@ cdef extern from "mlp_core.h" nogil:
     enum: MLP_RNN_GRU
     enum: MLP_PANEL_BYTES
 
-    # The policy's handle (mlp_core.h): the dtype is settled once, when mlp_f64_kernel / mlp_f32_kernel
-    # picks the copy; every call after goes through it, never branching on the dtype.
+    # The policy's handle (mlp_core.h): the dtype is settled once, when mlp_kernel_init picks the copy;
+    # every call after goes through it, never branching on the dtype.
     ctypedef struct mlp_kernel:
         void *m
         int (*act)(void *m, const double *x, double *u) noexcept nogil
@@ -158,14 +112,12 @@ cdef extern from "mlp_core.h" nogil:
         int specialised
         int itemsize
 
-    void mlp_f64_kernel(mlp_f64 *m, mlp_kernel *k)
-    void mlp_f32_kernel(mlp_f32 *m, mlp_kernel *k)
+    void mlp_kernel_init(mlp_model *m, const mlp_desc *d, int itemsize, mlp_kernel *k)
 
 
 cdef class Policy:
     cdef mlp_kernel _k           # the one handle every call goes through (settled in __cinit__)
-    cdef mlp_f64 _m64            # the struct the handle drives: one of these two, by the model dtype
-    cdef mlp_f32 _m32
+    cdef mlp_model _m            # the typed struct the handle drives
     cdef readonly int n_features
     cdef readonly int n_classes
     cdef readonly int n_actions

@@ -9,6 +9,7 @@ import numpy as np
 
 cimport numpy as cnp
 from libc.stdint cimport int64_t
+from libc.string cimport memset
 
 cnp.import_array()
 
@@ -107,17 +108,12 @@ def _narrow(cnp.ndarray laid_out, str weights):
     out[:] = values
     return out
 
-ctypedef fused model_t:      # the kernel's struct for a float32 or a float64 policy (mlp_core.h MLP_STRUCT)
-    mlp_f32
-    mlp_f64
-
-
 cdef inline void *_data(object a) except? NULL:
     return NULL if a is None else cnp.PyArray_DATA(<cnp.ndarray?> a)
 
 
-cdef int _fill_shape(model_t *m, dict k) except -1:
-    """Set the struct's shape and activation fields from ``k``; returns mlp_core.h's small-kernel rule."""
+cdef int _fill_shape(mlp_desc *m, dict k, int itemsize) except -1:
+    """Set the descriptor's shape and activation fields from ``k``; returns mlp_core.h's small-kernel rule."""
     cdef int l
     m.n_layers = k["n_layers"]
     for l in range(m.n_layers + 1):
@@ -130,19 +126,13 @@ cdef int _fill_shape(model_t *m, dict k) except -1:
     m.wkind, m.isa_want = k["wkind"], k["isa_want"]
     if m.isa_want == MLP_ISA_AVX512:      # the small kernels are AVX2: a forced AVX-512 copy runs the generic ones
         return 0
-    if model_t is mlp_f32:
-        return mlp_f32_small_rule(m)
-    else:
-        return mlp_f64_small_rule(m)
+    return mlp_small_rule(m, itemsize)
 
 
-cdef int _fill_buffers(model_t *m, dict k, int64_t *resets, mlp_kernel *handle) except -1:
-    """Point the struct at the buffers in ``k`` (laid out by Policy; k keeps them alive), then let mlp_core.h
-    pick the vector copy and, for small shapes, a specialised kernel, and settle ``handle`` (the dtype is
-    decided here, once: every later call goes through the handle). Returns 1 when it picked a small one."""
+cdef int _fill_buffers(mlp_desc *m, dict k, int itemsize, int64_t *resets) except -1:
+    """Point the descriptor at the buffers in ``k`` (laid out by Policy; k keeps them alive), after checking
+    that every buffer has the itemsize the C kernel will read it with (its pointers are untyped here)."""
     cdef int l
-    # the struct's weight pointers are void * to Cython: check the buffers' dtype here, once
-    itemsize = 4 if model_t is mlp_f32 else 8
     witemsize = {MLP_W_NATIVE: itemsize, MLP_W_F16: 2, MLP_W_BF16: 2, MLP_W_INT8: 1}[m.wkind]
     for a in k["b"] + k["act"] + [k.get(n) for n in ("xin", "bx", "bh", "gx", "gh", "c")]:
         if a is not None and a.itemsize != itemsize:
@@ -174,11 +164,7 @@ cdef int _fill_buffers(model_t *m, dict k, int64_t *resets, mlp_kernel *handle) 
         m.wsx, m.wsh = <const float *> _data(k.get("wsx")), <const float *> _data(k.get("wsh"))
         m.resets = resets
     m.small_layout = k["small"]
-    if model_t is mlp_f32:
-        mlp_f32_kernel(m, handle)
-    else:
-        mlp_f64_kernel(m, handle)
-    return m.specialised
+    return 0
 
 
 cdef class Policy:
@@ -225,9 +211,10 @@ cdef class Policy:
         if storage != spec.weights:       # the storage is part of what the policy answers: a new hash
             spec = dataclasses.replace(spec, weights=storage, weights_error=None, sha256="")
         self.spec = spec
-        is_f32 = spec.dtype == "float32"     # the only dtype decision: the handle carries it from here on
-        dtype = np.float32 if is_f32 else np.float64
-        itemsize = np.dtype(dtype).itemsize
+        dtype = np.float32 if spec.dtype == "float32" else np.float64
+        cdef int itemsize = np.dtype(dtype).itemsize      # all the C side is told of the dtype (mlp_kernel_init)
+        cdef mlp_desc desc
+        memset(&desc, 0, sizeof(desc))
         cdef int lanes = BLOCK_BYTES // itemsize
         cdef int PW = MLP_PANEL_BYTES // itemsize
         dims = [spec.layers[0][0].shape[0]] + [W.shape[1] for W, _ in spec.layers]   # the dense stack
@@ -242,10 +229,7 @@ cdef class Policy:
              "isa_want": isa_want, "storage": storage}
         # the shape and activation fields first: mlp_core.h's rule says whether the small compile-time-shaped
         # kernels compute this policy, and those take their own layout (an axpy hidden layer, row-major)
-        if is_f32:
-            small = _fill_shape(&self._m32, k)
-        else:
-            small = _fill_shape(&self._m64, k)
+        small = _fill_shape(&desc, k, itemsize)
         # padded to 64 bytes for vector loads: pad lanes normalise to (0 - 0) / 1 = 0
         k["mean"] = _aligned_zeros(_pad(n_obs, BLOCK_BYTES // 8), np.float64)
         k["scale"] = _aligned_zeros(_pad(n_obs, BLOCK_BYTES // 8), np.float64)
@@ -291,10 +275,11 @@ cdef class Policy:
         if spec.recurrent:
             self._lay_out_recurrent(spec, dtype, lanes, k)
         k["small"] = small
-        if is_f32:
-            picked = _fill_buffers(&self._m32, k, &self.state_resets_nonfinite, &self._k)
-        else:
-            picked = _fill_buffers(&self._m64, k, &self.state_resets_nonfinite, &self._k)
+        _fill_buffers(&desc, k, itemsize, &self.state_resets_nonfinite)
+        # the dtype is decided here, once: mlp_core.h copies the descriptor into the typed struct, picks the
+        # vector copy and, for small shapes, a specialised kernel; every later call goes through the handle
+        mlp_kernel_init(&self._m, &desc, itemsize, &self._k)
+        picked = self._k.specialised
         if bool(picked) != bool(small):     # the two layouts differ: a mismatch would compute garbage
             raise RuntimeError(f"kernel layout: laid out {'small' if small else 'generic'}, "
                                f"but mlp_core.h picked {'small' if picked else 'generic'} kernels")

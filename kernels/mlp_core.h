@@ -270,9 +270,10 @@ MLP_INLINE void NAME##_layer_dot##WSFX(const T *restrict in, int pn_in, const WT
     }                                                                                 \
 }
 
-#define MLP_STRUCT(T, NAME)                                                           \
-typedef struct NAME##_s NAME;                                                         \
-struct NAME##_s {                                                                     \
+/* A policy's fields, T the model dtype. Written once: MLP_STRUCT(T, NAME) is the typed struct the kernels
+ * run on; mlp_desc (T = void: the same layout, every pointer untyped) is what the loader (_policy.pyx) fills,
+ * for either dtype, before mlp_kernel_init copies it into the typed struct. */
+#define MLP_FIELDS(T)                                                                 \
     int n_layers;                         /* dense layers: hidden + output */         \
     int dims[MLP_MAX_LAYERS + 1];         /* true widths; dims[0] = features */       \
     int pdims[MLP_MAX_LAYERS + 1];        /* widths rounded up to 64 bytes */         \
@@ -305,7 +306,12 @@ struct NAME##_s {                                                               
     int wkind;                            /* MLP_W_*: how W, Wx, Wh are stored */     \
     const float *ws[MLP_MAX_LAYERS];      /* int8: per-output scales, laid out as b */ \
     const float *wsx, *wsh;               /* int8: scales of Wx, Wh, laid out as bx */ \
-    int isa_want;                         /* MLP_ISA_*: the copy asked for (0: widest) */ \
+    int isa_want;                         /* MLP_ISA_*: the copy asked for (0: widest) */
+
+#define MLP_STRUCT(T, NAME)                                                           \
+typedef struct NAME##_s NAME;                                                         \
+struct NAME##_s {                                                                     \
+    MLP_FIELDS(T)                                                                     \
     int (*forward)(NAME *, const double *);     /* chosen by NAME##_init */           \
     int (*act_fn)(NAME *, const double *, double *);                                   \
     void (*forward_batch)(NAME *, const double *, ptrdiff_t, ptrdiff_t, int64_t *);   \
@@ -441,8 +447,15 @@ static inline int mlp_small_shape(int n_layers, int n_in, int n_hidden, int n_ou
 
 MLP_STRUCT(double, mlp_f64)
 MLP_STRUCT(float, mlp_f32)
-static inline int mlp_f64_small_rule(const mlp_f64 *m) { return MLP_SMALL_RULE(m, (int)sizeof(double)); }
-static inline int mlp_f32_small_rule(const mlp_f32 *m) { return MLP_SMALL_RULE(m, (int)sizeof(float)); }
+typedef struct { MLP_FIELDS(void) } mlp_desc;
+/* mlp_kernel_init copies a descriptor's bytes into the typed struct: the same fields in the same order, a
+ * pointer to void laid out as a pointer to double or float (as on every ABI this builds for). Checked here. */
+_Static_assert(offsetof(mlp_f64, isa_want) == offsetof(mlp_desc, isa_want)
+               && offsetof(mlp_f32, isa_want) == offsetof(mlp_desc, isa_want)
+               && offsetof(mlp_f64, forward) >= sizeof(mlp_desc) && offsetof(mlp_f32, forward) >= sizeof(mlp_desc),
+               "mlp_desc must lay out MLP_FIELDS as the typed structs do");
+/* The small kernels' rule on a descriptor (shape and activation fields only: asked before W is laid out). */
+static inline int mlp_small_rule(const mlp_desc *d, int itemsize) { return MLP_SMALL_RULE(d, itemsize); }
 
 /* Continuous head, in float64 on the last layer's outputs: squash, clip, affine. A dozen to */
 /* a few dozen actions: scalar code (libm tanh) costs less than the last layer's FMAs. */
@@ -789,9 +802,8 @@ static float mlp_stream_read(const float *p, size_t n, int want) {
 }
 #endif
 
-/* One handle per policy: the model dtype is settled here, once, when the policy is built (mlp_f64_kernel /
- * mlp_f32_kernel after NAME_init); every caller (the Cython Policy, the loop) calls through it and never
- * branches on the dtype. Each entry is a tail call into the copy NAME_init chose for this CPU and shape. */
+/* One handle per policy: the model dtype is settled once, when the policy is built (mlp_kernel_init below);
+ * every caller (the Cython Policy, the loop) calls through it and never branches on the dtype. Each entry is a tail call into the copy NAME_init chose for this CPU and shape. */
 typedef struct {
     void *m;                                        /* the mlp_f64 or mlp_f32 it drives */
     int (*act)(void *, const double *, double *);
@@ -825,5 +837,17 @@ static void NAME##_kernel(NAME *m, mlp_kernel *k) {                             
 }
 MLP_HANDLE(mlp_f64)
 MLP_HANDLE(mlp_f32)
+
+/* A policy's storage: the typed struct of its dtype. */
+typedef union { mlp_f64 f64; mlp_f32 f32; } mlp_model;
+
+/* The one place the model dtype is decided: copy the filled descriptor into the typed struct of `itemsize`
+ * (4: float32, 8: float64), choose its kernels for this CPU and shape and settle the handle `k`. */
+static void mlp_kernel_init(mlp_model *m, const mlp_desc *d, int itemsize, mlp_kernel *k) {
+    memset(m, 0, sizeof *m);
+    memcpy(m, d, sizeof *d);
+    if (itemsize == 4) mlp_f32_kernel(&m->f32, k);
+    else mlp_f64_kernel(&m->f64, k);
+}
 
 #endif
