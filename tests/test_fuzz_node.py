@@ -415,10 +415,12 @@ def test_interleaved_at_khz_rates_keeps_rate_and_counts(tmp_path, iris_model_pat
 
 
 # ---------------------------------------------------------------- seq edge cases (uint64)
-def _lockstep_seqs(tmp_path, iris_model_path, policy, seqs, trip_first=False):
-    """Send frames with these seqs one by one (each after the last one's answer, or 0.3 s without one: two
-    rejected frames in a row stay inside the watchdog's 1 s), after connecting and, with trip_first, after
-    letting the watchdog trip so that the first one is accepted whatever its seq.
+def _lockstep_seqs(tmp_path, iris_model_path, policy, seqs, trip_first=False, rejected_at=()):
+    """Send frames with these seqs one by one, each after the last one's answer, after connecting and, with
+    trip_first, after letting the watchdog trip so that the first one is accepted whatever its seq. A frame
+    the test expects answered is waited for up to 10 s (its answer ends the wait: a host stall only delays
+    it); the one at each position in ``rejected_at`` for 0.3 s (it gets no answer: two rejected frames in a
+    row stay inside the watchdog's 1 s); the node's rejection counts in the summary are the evidence for those.
     Returns (actions received after each frame, summary)."""
     node, _ = start_node(tmp_path, iris_model_path, "[watchdog]\nstale_after_ms = 1000.0\n", spin_us=None)
     robot = Robot(node.endpoints)
@@ -433,9 +435,9 @@ def _lockstep_seqs(tmp_path, iris_model_path, policy, seqs, trip_first=False):
             deadline = time.monotonic() + 10
             while not any(a["safe"] for a in robot.actions(timeout=0.01)):
                 assert time.monotonic() < deadline, "the watchdog never tripped"
-        for s in seqs:
+        for i, s in enumerate(seqs):
             robot.pub.send(msgpack.packb({"seq": s, "t_ns": time.monotonic_ns(), "x": list(map(float, x))}))
-            got.append(robot.actions(timeout=0.3, until=s))
+            got.append(robot.actions(timeout=0.3 if i in rejected_at else 10.0, until=s))
     finally:
         robot.close()
     rc, out, err, run_dir = stop_node(node)
@@ -447,7 +449,7 @@ def _lockstep_seqs(tmp_path, iris_model_path, policy, seqs, trip_first=False):
 def test_seq_increasing_below_2_63_accepted_repeats_rejected(tmp_path, iris_model_path, policy):
     """seq within int64 range: increasing accepted and echoed; a repeat and a step back rejected."""
     seqs = [2**40, 2**62, 2**63 - 2, 2**63 - 1, 2**63 - 1, 2**62]
-    got, summary = _lockstep_seqs(tmp_path, iris_model_path, policy, seqs)
+    got, summary = _lockstep_seqs(tmp_path, iris_model_path, policy, seqs, rejected_at={4, 5})
     answered = [{a["seq"] for a in g if not a["safe"]} for g in got]
     for s, ans in zip(seqs[:4], answered[:4]):
         assert s in ans, (s, ans)
@@ -479,6 +481,6 @@ def test_seq_above_2_63_echoed_unchanged(tmp_path, iris_model_path, policy):
 #   strictly increasing, only a tripped watchdog lets a sender start again from 0
 def test_seq_wrap_to_zero_rejected_while_fresh(tmp_path, iris_model_path, policy):
     seqs = [2**64 - 2, 2**64 - 1, 0, 1]
-    got, summary = _lockstep_seqs(tmp_path, iris_model_path, policy, seqs, trip_first=True)
+    got, summary = _lockstep_seqs(tmp_path, iris_model_path, policy, seqs, trip_first=True, rejected_at={2, 3})
     assert summary["rejected"]["seq_not_increasing"] == 2
     assert not any(a["seq"] in (0, 1) and not a["safe"] for g in got[2:] for a in g)
