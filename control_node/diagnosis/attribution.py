@@ -52,7 +52,10 @@ _SWITCH = re.compile(r"prev_comm=(?P<pc>.*?) prev_pid=(?P<pp>-?\d+) .*?==> next_
                      r"next_pid=(?P<np>-?\d+)")
 # what trace_pipe prints where the ring overran before the reader took its events (kernel/trace/trace.c)
 _LOST = re.compile(r"^\s*CPU:\d+ \[LOST (?P<n>\d+) EVENTS\]")
-_WAKEUP = re.compile(r"comm=.*? pid=(?P<pid>\d+) ")
+_WAKEUP = re.compile(r"comm=(?P<comm>.*?) pid=(?P<pid>\d+) ")
+# the header's name when the kernel's pid -> name cache (saved_cmdlines) has lost the task's: the body of a
+# sched_switch or sched_wakeup always carries the name, so the parser learns it there
+_UNKNOWN_COMM = "<...>"
 _IRQ = re.compile(r"irq=(?P<irq>\d+)(?: name=(?P<name>\S+))?")
 _SOFTIRQ = re.compile(r"vec=(?P<vec>\d+) \[action=(?P<name>\w+)\]")
 
@@ -73,6 +76,7 @@ class TraceParser:
         self.running = None            # (comm, pid, since_ns) of the task on the core, when known
         self.open = {}                 # (kind, key) -> (name, t0_ns) of an interrupt being handled
         self.woken = {}                # pid -> t_ns of its last sched_wakeup seen on this core
+        self.names = {}                # pid -> name, from sched_switch / sched_wakeup bodies
         self.last_t = None
         self.lines = self.unparsed = self.inferred_switches = self.events_lost = 0
         self.unparsed_examples = []     # the first few, in the evidence: a line nobody can see is not fixed
@@ -81,6 +85,10 @@ class TraceParser:
         self.unparsed += 1
         if len(self.unparsed_examples) < 3:
             self.unparsed_examples.append(line[:200])
+
+    def _name(self, comm, pid):
+        """The header's task name, or the one the trace's bodies gave this pid when the header has none."""
+        return self.names.get(pid, comm) if comm == _UNKNOWN_COMM else comm
 
     def _switch(self, comm, pid, start, end):
         if self.running is not None:
@@ -109,13 +117,18 @@ class TraceParser:
             self.inferred_switches += self.running is not None
             woke = self.woken.get(pid)
             start = woke if (woke is not None and (self.last_t is None or woke >= self.last_t - 1)) else t
-            self._switch(m.group("comm"), pid, start, self.last_t if self.last_t is not None else t)
+            self._switch(self._name(m.group("comm"), pid), pid, start, self.last_t if self.last_t is not None else t)
         self.last_t = t
         if ev == "sched_switch":
             s = _SWITCH.search(body)
             if s is None:
                 self._unparsed(line)
                 return
+            for who, name in ((int(s.group("pp")), s.group("pc")), (int(s.group("np")), s.group("nc"))):
+                if name != _UNKNOWN_COMM:
+                    self.names[who] = name
+            if self.running is not None and self.running[0] == _UNKNOWN_COMM and self.running[1] == int(s.group("pp")):
+                self.running = (s.group("pc"),) + self.running[1:]      # named by the switch that ends its hold
             self._switch(s.group("nc"), int(s.group("np")), t, t)
         elif ev in ("sched_wakeup", "sched_waking"):
             s = _WAKEUP.search(body)
@@ -123,6 +136,8 @@ class TraceParser:
                 self._unparsed(line)
                 return
             self.woken[int(s.group("pid"))] = t
+            if s.group("comm") != _UNKNOWN_COMM:
+                self.names[int(s.group("pid"))] = s.group("comm")
         elif ev in ("irq_handler_entry", "irq_handler_exit"):
             s = _IRQ.search(body)
             if s is None:
@@ -142,7 +157,7 @@ class TraceParser:
             if pid == self.loop_tid:
                 self.sink(("page fault", ev.removeprefix("page_fault_"), t, t))
             elif pid != 0:
-                self.sink(("faults", m.group("comm"), t, t))
+                self.sink(("faults", self._name(m.group("comm"), pid), t, t))
 
     def forget(self):
         """Trace text was left out here: what held the core, and open interrupts, are not known."""
