@@ -803,7 +803,8 @@ static float mlp_stream_read(const float *p, size_t n, int want) {
 #endif
 
 /* One handle per policy: the model dtype is settled once, when the policy is built (mlp_kernel_init below);
- * every caller (the Cython Policy, the loop) calls through it and never branches on the dtype. Each entry is a tail call into the copy NAME_init chose for this CPU and shape. */
+ * every caller (the Cython Policy, the loop) calls through it and never branches on the dtype. Each entry is
+ * a tail call into the copy NAME_init chose for this CPU and shape. */
 typedef struct {
     void *m;                                        /* the mlp_f64 or mlp_f32 it drives */
     int (*act)(void *, const double *, double *);

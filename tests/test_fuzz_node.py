@@ -430,12 +430,9 @@ def _lockstep_seqs(tmp_path, iris_model_path, policy, seqs, trip_first=False, re
     try:
         robot.connect(x, timeout=20)
         if trip_first:
-            time.sleep(1.3)
-            # drain up to the watchdog's first safe action: what is queued before it are held actions
+            # wait for the watchdog's trip and drain up to it: what is queued before it are held actions
             # for the connect frames, which must not be mistaken for answers to the frames below
-            deadline = time.monotonic() + 10
-            while not any(a["safe"] for a in robot.actions(timeout=0.01)):
-                assert time.monotonic() < deadline, "the watchdog never tripped"
+            robot.after_the_trip()
         for i, s in enumerate(seqs):
             robot.pub.send(msgpack.packb({"seq": s, "t_ns": time.monotonic_ns(), "x": list(map(float, x))}))
             got.append(robot.actions(timeout=0.3 if i in rejected_at else 10.0, until=s))

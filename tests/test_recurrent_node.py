@@ -4,7 +4,6 @@ so the first frame after a silence is answered as by a fresh policy."""
 from __future__ import annotations
 
 import json
-import time
 
 import numpy as np
 import pytest
@@ -26,17 +25,6 @@ def answers(robot, X):
     return np.array(out)
 
 
-def wait_for_the_trip(robot, timeout=30.0):
-    """Until the node publishes its safe action: the watchdog tripped (and, with reset_state, zeroed the state).
-    A fixed 0.6 s of silence once ran out while the host held the node: no cycle saw the silence, so none
-    tripped, and the next frames went on from the carried state."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if any(a["safe"] for a in robot.actions(timeout=0.1)):
-            return
-    raise AssertionError(f"no safe action within {timeout} s of silence: the watchdog never tripped")
-
-
 @pytest.mark.parametrize("kind,reset", [("lstm", True), ("gru", True), ("lstm", False)])
 def test_state_is_carried_and_reset_on_a_watchdog_trip(tmp_path, kind, reset):
     spec = rnn_spec(kind, 6, 32, [16, 3], dtype="float64", seed=3)
@@ -48,13 +36,13 @@ def test_state_is_carried_and_reset_on_a_watchdog_trip(tmp_path, kind, reset):
     X = np.random.default_rng(0).normal(0, 1.5, (40, 6)) * spec.scale + spec.mean
     try:
         robot.connect(X[0], timeout=10.0)         # the connect frames step the node's state too
-        wait_for_the_trip(robot)                   # ... so let the watchdog trip: with reset, back to zero
+        robot.after_the_trip(timeout=30.0)         # ... so let the watchdog trip: with reset, back to zero
         got = answers(robot, X)
         local = Policy(spec)
         if reset:
             want = local.act_batch(X)              # state carried from zero, row by row
             assert np.array_equal(got, want)       # float64: the same compiled code, bit for bit
-        wait_for_the_trip(robot)                   # silence > stale_after: the watchdog trips again
+        robot.after_the_trip(timeout=30.0)         # silence > stale_after: the watchdog trips again
         again = answers(robot, X[:5])
     finally:
         robot.close()

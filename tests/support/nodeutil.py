@@ -87,8 +87,8 @@ class Robot:
 
     def after_the_trip(self, more=0.05, timeout=10.0):
         """The actions from the watchdog's first safe one on, and what follows it for ``more`` seconds (no frame
-        is sent meanwhile): waited for, not a fixed silence. A fixed sleep-then-read once saw no trip because
-        the host held the node through the silence (test_recurrent_node's wait_for_the_trip)."""
+        is sent meanwhile): waited for, not a fixed silence. A fixed 0.6 s sleep-then-read once saw no trip
+        because the host held the node through the silence (test_recurrent_node, stop 34's review)."""
         got, deadline = [], time.monotonic() + timeout
         while not any(a["safe"] for a in got):
             assert time.monotonic() < deadline, f"no safe action within {timeout} s of silence: no watchdog trip"
