@@ -27,18 +27,6 @@ def start(tmp_path, model, transport="ipc", extra="", args=()):
     return start_node(tmp_path, model, extra=extra, args=args, transport=transport)[0]
 
 
-def wait_raw(robot, seq, timeout=2.0):
-    """(raw bytes, decoded map) of the first action answering ``seq``, or (None, None)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if robot.sub.poll(50):
-            raw = robot.sub.recv()
-            a = msgpack.unpackb(raw)
-            if a["seq"] == seq:
-                return raw, a
-    return None, None
-
-
 def raw_actions(robot, timeout):
     """Every action (raw bytes) received within ``timeout`` seconds."""
     out, deadline = [], time.monotonic() + timeout
@@ -95,7 +83,7 @@ def test_continuous_actions_equal_policy_act(tmp_path, continuous_model_path, co
         for i, x in enumerate(X):
             x = np.ascontiguousarray(x)
             seq = robot.send(x, binary=(i % 2 == 1))       # both encodings of x
-            raw, a = wait_raw(robot, seq)
+            raw, a = robot.wait_raw(seq)
             assert a is not None, f"frame {seq} not answered"
             assert list(a) == V2_KEYS and a["safe"] is False
             want = policy.act(x)
@@ -140,7 +128,7 @@ def test_sensor_clock_answers_each_frame_once_with_u(tmp_path, continuous_f64_mo
         robot.actions(timeout=0.05)
         for x in X:                                         # lockstep: each frame alone in the socket
             seq = robot.send(x)
-            _, a = wait_raw(robot, seq)
+            a = robot.wait_answer(seq)
             assert a is not None and not a["safe"] and bits(a["u"]) == bits(policy.act(np.ascontiguousarray(x)))
         rest = robot.actions(timeout=0.5)
         assert all(a["safe"] and a["seq"] == robot.seq for a in rest)   # only the watchdog's, after the last
@@ -174,7 +162,7 @@ def test_watchdog_publishes_the_safe_action(tmp_path, continuous_model_path, set
         robot.connect(rng.normal(size=6))
         x_last = np.ascontiguousarray(rng.normal(size=6))
         seq = robot.send(x_last)
-        _, a = wait_raw(robot, seq)
+        a = robot.wait_answer(seq)
         assert a is not None and a["safe"] is False
         good = a["u"]
         assert bits(good) == bits(policy.act(x_last)) or within(good, policy.act(x_last), 1e-6)
@@ -184,7 +172,7 @@ def test_watchdog_publishes_the_safe_action(tmp_path, continuous_model_path, set
         for a in quiet:
             assert a["safe"] is True and a["seq"] == seq and bits(a["u"]) == bits(want), (a, want)
         seq = robot.send(x_last)                            # a fresh frame resumes the policy
-        _, a = wait_raw(robot, seq)
+        a = robot.wait_answer(seq)
         assert a is not None and a["safe"] is False and bits(a["u"]) == bits(good)
     finally:
         robot.close()
@@ -209,15 +197,15 @@ def test_non_finite_output_publishes_the_safe_action(tmp_path, overflow_model_pa
     try:
         robot.connect(x_good)
         seq = robot.send(x_good)
-        _, good = wait_raw(robot, seq)
+        good = robot.wait_answer(seq)
         assert good is not None and good["safe"] is False
         seq = robot.send(x_huge)
-        _, a = wait_raw(robot, seq)
+        a = robot.wait_answer(seq)
         assert a is not None and a["safe"] is True
         assert all(math.isfinite(v) for v in a["u"])        # never the garbage
         assert bits(a["u"]) == bits(vec if setting == "vector" else good["u"])
         seq = robot.send(x_good)
-        _, a = wait_raw(robot, seq)
+        a = robot.wait_answer(seq)
         assert a is not None and a["safe"] is False and bits(a["u"]) == bits(good["u"])
     finally:
         robot.close()
@@ -247,7 +235,7 @@ def test_argmax_messages_are_unchanged_v1_bytes(tmp_path, iris_model_path, polic
         robot.connect(X[0])
         for x in X[:30]:
             seq = robot.send(x)
-            raw, a = wait_raw(robot, seq)
+            raw, a = robot.wait_raw(seq)
             assert a is not None and list(a) == ["seq", "t_ns", "cycle", "action", "safe"]
             assert a["action"] == policy.predict(np.ascontiguousarray(x))
             assert len(raw) == 65

@@ -362,6 +362,7 @@ def test_interleaved_at_khz_rates_keeps_rate_and_counts(tmp_path, iris_model_pat
                     k += 1
                     seq += 10
                     frames.append((True, (seq, x)))
+                    valid[seq] = predict(policy, x)   # here, not in the pacer: it only sends
                 if reason == "seq_not_increasing":
                     parts = [msgpack.packb({"seq": seq - 20 * (i % 3), "t_ns": 1,
                                             "x": list(other_class_x(examples, predict(policy, x)))})]
@@ -375,7 +376,6 @@ def test_interleaved_at_khz_rates_keeps_rate_and_counts(tmp_path, iris_model_pat
             if is_valid:
                 s, x = payload
                 robot.send(x, seq=s, binary=s % 20 == 0)
-                valid[s] = predict(policy, x)
             else:
                 reason, parts = payload
                 robot.send_raw(parts[0], more=parts[1:] if len(parts) > 1 else None)

@@ -41,7 +41,7 @@ def test_history_stacks_the_last_frames(tmp_path, history_model_path, order):
     policy = Policy.load(history_model_path)
     node, _ = start_node(tmp_path, history_model_path,
                          extra=f'[policy]\nhistory = {N}\nhistory_order = "{order}"\n'
-                               "[watchdog]\nstale_after_ms = 150.0\n")   # over a host stall between frames
+                               "[watchdog]\nstale_after_ms = 1000.0\n")  # over a host stall between frames
     robot = Robot(node.endpoints)
     rng = np.random.default_rng(11)
     try:

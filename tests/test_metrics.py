@@ -31,7 +31,9 @@ def test_metrics_scraped_during_a_run_and_final_counters_equal_the_summary(tmp_p
     port = free_tcp_ports(1)[0]
     extra = (f'[diagnostics]\nprometheus = "127.0.0.1:{port}"\nprometheus_linger_s = 3.0\n'
              "[watchdog]\nstale_after_ms = 20.0\n")
-    node, cfg = start_node(tmp_path, continuous_f64_model_path, extra=extra, args=("--duration", 3))
+    # 6 s, not 3: the connect, the 50 frames and the rejection below must fall inside the run, and a loaded
+    # host slows the connect (the test waits up to 5 s for the rejection's count)
+    node, cfg = start_node(tmp_path, continuous_f64_model_path, extra=extra, args=("--duration", 6))
     robot = Robot(node.endpoints)
     robot.connect([0.1] * 6)
     first = scrape(port)

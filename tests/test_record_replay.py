@@ -103,7 +103,14 @@ def test_sigkilled_recorder_leaves_readable_file(setup, tmp_path):
     rec = start_recorder(setup["cfg"], out, "--flush-interval", "0.2")
     r = cn("sim", "gauss", "--duration", 1.0, "--tap", "--config", setup["cfg"], "--run-dir", tmp_path / "sim")
     assert r.returncode == 0, r.stdout + r.stderr
-    time.sleep(0.3)   # let a periodic flush happen after the last frames
+    # a periodic flush after the last frames: waited for in the file (a loaded host delays the recorder; a
+    # fixed 0.3 s was the wait before), then the kill
+    deadline = time.monotonic() + 10
+    while True:
+        time.sleep(0.2)
+        topics = [t for t, *_ in iter_messages(out)] if os.path.exists(out) and os.path.getsize(out) else []
+        if min(topics.count("/sensor"), topics.count("/action")) > 500 or time.monotonic() > deadline:
+            break
     rec.kill()
     rec.wait(5)
     assert rec.returncode == -signal.SIGKILL

@@ -30,7 +30,7 @@ def test_state_is_carried_and_reset_on_a_watchdog_trip(tmp_path, kind, reset):
     spec = rnn_spec(kind, 6, 32, [16, 3], dtype="float64", seed=3)
     model = tmp_path / "rnn.npz"
     save_model(spec, model)
-    node, _ = start_node(tmp_path, model, extra="[watchdog]\nstale_after_ms = 300.0\n"
+    node, _ = start_node(tmp_path, model, extra="[watchdog]\nstale_after_ms = 1000.0\n"
                                                  f"reset_state = {'true' if reset else 'false'}\n")
     robot = Robot(node.endpoints)
     X = np.random.default_rng(0).normal(0, 1.5, (40, 6)) * spec.scale + spec.mean

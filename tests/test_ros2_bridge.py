@@ -32,7 +32,7 @@ clock = "sensor"
 stale_after_ms = 20000
 [ros2]
 trigger = "/joint_states"
-max_age_ms = 400
+max_age_ms = 1000
 [[ros2.observation]]
 topic = "/joint_states"
 type = "sensor_msgs/msg/JointState"
@@ -151,7 +151,7 @@ def test_frames_by_joint_name_bad_input_refused_and_counted(netns, tmp_path, con
         tw, js(["knee", "extra", "hip"], [-0.4, nan, 0.1], [-2.0, float("inf"), 1.5]),     # 8, 9: NaN, unused joint
         tw, js(["hip", "knee"], [0.1], [1.5, -2.0], expect="none", timeout_s=0.3),         # 10, 11: short position
         tw, js(["hip", "knee"], [0.2, -0.3], [1.0, -1.0], effort=[]),                      # 12, 13: empty effort, unused
-        {"sleep_s": 0.6},                                                                  # 14: the Twist gets stale
+        {"sleep_s": 1.3},                                                                  # 14: the Twist gets stale
         js(**good, expect="none", timeout_s=0.3),                                          # 15: stale_term
         tw, js(["hip", "knee"], [0.2, -0.3], [1.0, -1.0]),                                 # 16, 17: fresh again
     ]

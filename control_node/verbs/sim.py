@@ -202,7 +202,8 @@ def run(args):
             try:
                 res = loop.run(st, lockstep=args.lockstep, stopper=stopper)
             except UserError as e:      # no answer: say why when the node's diagnostics tell (a wrong width)
-                info = node_policy(eps, args.config, 0.5) if str(e).startswith("no answer") else None
+                # 2 s, as --features auto waits: at diagnostics_hz 10 that is ~20 messages, past a slow join
+                info = node_policy(eps, args.config, 2.0) if str(e).startswith("no answer") else None
                 if info and info.get("n_features") not in (None, st.X.shape[1]):
                     raise UserError(f"{e}: the node's policy ({info.get('kind')}) takes {info['n_features']} "
                                     f"features and this stream sends {st.X.shape[1]}, so the node rejects every "

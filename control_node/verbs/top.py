@@ -64,7 +64,7 @@ def run(args):
                     if diag is None:
                         raise UserError(monitor.no_message_hint(endpoint, "diagnostics") + f" (waited {timeout:g} s)")
                     if diag and diag.get("cycles", 1):     # a snapshot of a running loop (not one from before it started)
-                        console.print(with_bridge(monitor.top_renderable(diag, endpoint), wait=1.0))
+                        console.print(with_bridge(monitor.top_renderable(diag, endpoint), wait=2.0))
                         return 0
             from rich.live import Live
             from rich.text import Text

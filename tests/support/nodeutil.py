@@ -96,15 +96,27 @@ class Robot:
         first = next(i for i, a in enumerate(got) if a["safe"])
         return got[first:] + self.actions(timeout=more)
 
+    def wait_raw(self, seq, timeout=2.0):
+        """(raw bytes, decoded map) of the first action answering ``seq`` (safe or not), or (None, None).
+        Every action queued by the deadline is read before giving up, so a stall of this process past the
+        deadline does not lose an answer that did arrive (the node publishes every cycle, so the reads past the
+        deadline are bounded too: at most a full receive queue and what arrives meanwhile)."""
+        deadline = time.monotonic() + timeout
+        late_reads = 0
+        while late_reads < 100_000:
+            left = deadline - time.monotonic()
+            late_reads += left <= 0
+            if not self.sub.poll(max(0, int(left * 1000))):
+                break
+            raw = self.sub.recv()
+            a = msgpack.unpackb(raw)
+            if a["seq"] == seq:
+                return raw, a
+        return None, None
+
     def wait_answer(self, seq, timeout=2.0):
         """The first action answering ``seq`` (safe or not), or None."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.sub.poll(50):
-                a = msgpack.unpackb(self.sub.recv())
-                if a["seq"] == seq:
-                    return a
-        return None
+        return self.wait_raw(seq, timeout)[1]
 
     def connect(self, x, timeout=10.0):
         """Send frames until the node answers one (ZeroMQ's slow joiner); returns that action."""

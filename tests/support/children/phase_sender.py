@@ -4,12 +4,11 @@ The sender's frames are due on its own absolute schedule (period, phase); each i
 (50-80 us late at most), never spins: a spinning sender on a 2-CPU machine keeps the node's ZeroMQ I/O thread
 (which runs off the loop's core) from delivering its frames for most of a period.
 """
-import sys, time, msgpack, zmq
+import os, sys, time, msgpack
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))     # tests/support
+from nodeutil import subscribed_publisher
 endpoint, period_ns, duration, phase_ns = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])
-pub = zmq.Context.instance().socket(zmq.PUB)
-pub.setsockopt(zmq.LINGER, 1000)
-pub.connect(endpoint)
-time.sleep(0.4)
+pub = subscribed_publisher(endpoint, linger_ms=1000)     # the node has subscribed: no frame is lost to the join
 t0 = time.monotonic_ns() + phase_ns
 n = 0
 end = t0 + int(duration * 1e9)
