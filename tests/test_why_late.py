@@ -21,7 +21,7 @@ ctypes.CDLL(None).prctl(15, f"cn-{mode}".encode(), 0, 0, 0)      # PR_SET_NAME: 
 os.sched_setaffinity(0, {cpu})
 os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(90))     # above the node's loop (80)
 # awake: every span this task was awake at priority 90 on the core (the bursts, and the few us around each
-# sleep, which a host stall can stretch: series run of 2026-12-05, 1.6 ms seen at a wake-up between bursts)
+# sleep, which a host stall can stretch: a main-checkout run of 2026-12-05 saw 1.6 ms at its last wake-up)
 bursts, awake, end = [], [], time.monotonic() + duration
 t_wake = time.monotonic_ns()
 print("ready", flush=True)
