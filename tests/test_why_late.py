@@ -224,22 +224,61 @@ def test_a_page_fault_storm_on_the_loop_core_is_named(tmp_path, continuous_f64_m
 
 DISK_READER = r"""
 import json, mmap, os, random, sys, time
-path, cpu, bursts_n, burst_s, every_s = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5])
+path, stat, cpu, bursts_n, burst_s, every_s, until_s = (sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]),
+                                                        float(sys.argv[5]), float(sys.argv[6]), float(sys.argv[7]))
 os.sched_setaffinity(0, {cpu})                  # the reader is not on the loop's core: only its interrupts are
 fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
 buf = mmap.mmap(-1, 1 << 20)
 size = os.fstat(fd).st_size >> 20
+start = time.monotonic_ns()
+
+
+def completed():
+    # the disk's completed requests of every kind (reads, writes, discards, flushes), whoever asked
+    if not stat:
+        return 0
+    f = open(stat).read().split()
+    return sum(int(f[i]) for i in (0, 4, 11, 15) if i < len(f))
+
+
+other = []                                      # (t0, t1) ns: the disk completed requests that were not ours
+
+
+def watch(until_ns):
+    # between bursts, poll the disk's counters every ms: the journal's commit or another process's write
+    # completes on the same interrupt, and the node rightly names it wherever it falls
+    t, n = time.monotonic_ns(), completed()
+    while t < until_ns:
+        time.sleep(0.001)
+        t1, n1 = time.monotonic_ns(), completed()
+        if n1 != n:
+            other.append((t, t1))
+        t, n = t1, n1
+
+
 print("ready", flush=True)
-time.sleep(0.5)
+watch(time.monotonic_ns() + 500_000_000)
 bursts = []
 for _ in range(bursts_n):
     t0 = time.monotonic_ns()
     while time.monotonic_ns() - t0 < burst_s * 1e9:
         os.preadv(fd, [buf], random.randrange(0, size) << 20)      # 1 MB, past the page cache
     bursts.append((t0, time.monotonic_ns()))
-    time.sleep(every_s)
-print(json.dumps(bursts), flush=True)
+    watch(time.monotonic_ns() + int(every_s * 1e9))
+watch(start + int(until_s * 1e9))               # until the node has ended
+print(json.dumps({"bursts": bursts, "other_io": other}), flush=True)
 """
+
+
+def _disk_stat(path):
+    """/sys/.../stat of the whole disk holding ``path`` (its partitions share the disk's interrupt), or "" where
+    the file system is not on a block device this kernel lists."""
+    dev = os.stat(path).st_dev
+    base = f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}"
+    if not os.path.isdir(base):
+        return ""
+    whole = os.path.join(base, "..") if os.path.exists(os.path.join(base, "partition")) else base
+    return os.path.realpath(os.path.join(whole, "stat"))
 
 
 def _irq_counts():
@@ -280,7 +319,8 @@ def test_a_burst_of_device_interrupts_on_the_loop_core_is_named(tmp_path, contin
     """The disk's completion interrupt routed to the loop's core, and a reader on the other core doing 1 MB
     O_DIRECT reads in 150 ms bursts: with a 60 us deadline the interrupt handlers (which hold off even the
     loop's timer interrupt) make misses, and the node names the disk's IRQ (or its BLOCK softirq) for them,
-    not the hypervisor; it names that IRQ for no miss far from a burst."""
+    not the hypervisor; it names that IRQ for no miss far from a time the disk completed a request (the
+    reader's bursts, and the requests of others it sees complete between them)."""
     data = tmp_path / "disk.bin"
     with open(data, "wb") as f:
         for _ in range(64):
@@ -306,8 +346,9 @@ def test_a_burst_of_device_interrupts_on_the_loop_core_is_named(tmp_path, contin
             pytest.skip(f"IRQ {irq} ({name}) is on core {effective}, not the loop's {cpu}, and cannot be "
                         f"routed there: {e.strerror}")
     try:
-        reader = (DISK_READER, str(data), str(min(os.sched_getaffinity(0))), "8", "0.15", "0.3")
-        summary, tick, bursts = _fed_node_beside(tmp_path, continuous_f64_model_path, "[loop]\ndeadline_us = 60\n", 6,
+        reader = (DISK_READER, str(data), _disk_stat(str(data)), str(min(os.sched_getaffinity(0))), "8", "0.15",
+                  "0.3", "6.5")
+        summary, tick, spans = _fed_node_beside(tmp_path, continuous_f64_model_path, "[loop]\ndeadline_us = 60\n", 6,
                                                  reader)
     finally:
         if old is not None:
@@ -317,17 +358,20 @@ def test_a_burst_of_device_interrupts_on_the_loop_core_is_named(tmp_path, contin
     causes = {f"irq {name}", "softirq BLOCK"}
     named = [e for e in w["events"] if e["cause"] in causes]
 
-    def in_burst(e, margin=5_000_000):
-        return any(b[0] - margin <= tick[e["cycle"]] <= b[1] + margin for b in bursts)
-    hit = {i for i, b in enumerate(bursts) if any(b[0] - 5_000_000 <= tick[e["cycle"]] <= b[1] + 5_000_000
-                                                  for e in named)}
+    bursts, other_io = spans["bursts"], spans["other_io"]
+
+    def near(e, windows, margin=5_000_000):
+        return any(b[0] - margin <= tick[e["cycle"]] <= b[1] + margin for b in windows)
+    hit = {i for i, b in enumerate(bursts) if any(near(e, [b]) for e in named)}
     print(f"{w['text']}; bursts with a late cycle (miss or worst wake-up) named {sorted(causes)}: "
-          f"{len(hit)} of {len(bursts)}")
+          f"{len(hit)} of {len(bursts)}; the disk completed others' requests in {len(other_io)} ms polls between them")
     # the interrupts reached the loop's core, and the node counted them there
     on_core = w["evidence"]["interrupts"]["on_core_during_run"]
     assert sum(n for k, n in on_core.items() if k.split()[0] == str(irq)) >= 100, on_core
-    # precision: the disk is named only in (or right by) the bursts, and with its own evidence
-    assert sum(in_burst(e) for e in named) >= 0.9 * len(named), w["text"]
+    # precision: the disk is named only in (or right by) the bursts, or where the disk was completing someone
+    # else's requests (a journal commit, another process's write: the same interrupt completes them; one
+    # fresh-clone run saw 1 of 8 named misses away from the bursts), and with its own evidence
+    assert sum(near(e, bursts + other_io) for e in named) >= 0.9 * len(named), (w["text"], other_io)
     # a late cycle whose lateness carried over from the cycle before has its evidence there (its own `seen`
     # is empty by design): follow the carry back to the cycle that was seen
     by_cycle = {e["cycle"]: e for e in w["events"]}
