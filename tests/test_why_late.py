@@ -88,7 +88,7 @@ def fed_node(tmp_path, model, extra, duration):
 
 def _fed_node_beside(tmp_path, model, extra, duration, helper):
     """A fed node for ``duration`` s beside ``helper`` (a Python script's argv after ``-c``), which prints
-    ``ready`` and then its bursts as one JSON line (of (t0, t1) ns, or the interferer's map of them). Returns
+    ``ready`` and then its spans as one JSON line (a map of lists of (t0, t1) ns: "bursts" and what else it saw). Returns
     (summary, {cycle: tick ns}, that JSON) once the node has ended, with the attribution's trace granted."""
     node, feeder = fed_node(tmp_path, model, extra, duration)
     proc = subprocess.Popen([sys.executable, "-c", *helper], stdout=subprocess.PIPE, text=True)
@@ -237,7 +237,8 @@ def completed():
     # the disk's completed requests of every kind (reads, writes, discards, flushes), whoever asked
     if not stat:
         return 0
-    f = open(stat).read().split()
+    with open(stat) as fh:
+        f = fh.read().split()
     return sum(int(f[i]) for i in (0, 4, 11, 15) if i < len(f))
 
 
