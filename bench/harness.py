@@ -8,6 +8,7 @@ outside the repository, so that nothing they do depends on (or writes into) the 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -36,13 +37,24 @@ def free_tcp_ports(n):
             s.close()
 
 
-def write_node_config(path, ep_dir, extra="", transport="ipc", spin_us=None):
+def _with_default(extra, table, key, value):
+    """``extra`` TOML with ``key = value`` in ``[table]``, unless ``extra`` already sets ``key`` there."""
+    if re.search(rf"^{key}\s*=", extra, re.M):
+        return extra
+    line = f"{key} = {value}\n"
+    head = f"[{table}]\n"
+    return extra.replace(head, head + line, 1) if head in extra else extra + head + line
+
+
+def write_node_config(path, ep_dir, extra="", transport="ipc", spin_us=None, attribution=None):
     """Write a node config whose endpoints are private: ipc sockets in ``ep_dir``, or free loopback tcp
-    ports; runs go to ``ep_dir/runs``. ``extra`` is appended TOML; ``spin_us`` (unless ``extra`` sets it)
-    goes into its ``[loop]`` table. Returns the endpoints by name."""
-    if spin_us is not None and "spin_us" not in extra:
-        line = f"spin_us = {spin_us:g}\n"
-        extra = extra.replace("[loop]\n", "[loop]\n" + line, 1) if "[loop]\n" in extra else extra + "[loop]\n" + line
+    ports; runs go to ``ep_dir/runs``. ``extra`` is appended TOML; ``spin_us`` and ``attribution`` (None:
+    the config's default) go into its ``[loop]`` and ``[diagnostics]`` tables unless ``extra`` sets them.
+    Returns the endpoints by name."""
+    if spin_us is not None:
+        extra = _with_default(extra, "loop", "spin_us", f"{spin_us:g}")
+    if attribution is not None:
+        extra = _with_default(extra, "diagnostics", "attribution", "true" if attribution else "false")
     names = ("sensor", "action", "diagnostics", "control")
     if transport == "ipc":
         eps = {k: f"ipc://{ep_dir}/{k}" for k in names}

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 import zmq
 
-from support.nodeutil import Robot, start_node
-from control_node.bench.harness import run_cli, write_node_config
+from support.nodeutil import write_node_config, Robot, start_node
+from control_node.bench.harness import run_cli
 from control_node.kernels import Policy
 from control_node.loop._rtloop import action_u_bytes, encode_action, encode_action_u
 

@@ -8,8 +8,8 @@ import signal
 import numpy as np
 import pytest
 
-from control_node.bench.harness import NodeProcess, make_endpoint_dir, run_cli as cn, write_node_config
-from support.nodeutil import assert_replay_compared_every_recorded_answer
+from control_node.bench.harness import NodeProcess, make_endpoint_dir, run_cli as cn
+from support.nodeutil import write_node_config, assert_replay_compared_every_recorded_answer
 from test_record_replay import start_recorder
 
 

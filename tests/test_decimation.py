@@ -11,9 +11,9 @@ import msgpack
 import numpy as np
 import pytest
 
-from support.nodeutil import ActionCollector, start_node, stop_node, subscribed_publisher
+from support.nodeutil import write_node_config, ActionCollector, start_node, stop_node, subscribed_publisher
 from control_node import rundir
-from control_node.bench.harness import run_cli, write_node_config
+from control_node.bench.harness import run_cli
 from control_node.kernels import Policy
 
 
@@ -27,7 +27,7 @@ def summary_of(run_dir):
 @pytest.mark.parametrize("rate, spin", [(10000, 30.0), (4000, 75.0)])
 def test_spin_us_auto_follows_the_period(tmp_path, iris_model_path, rate, spin):
     cfg = tmp_path / "n.toml"
-    write_node_config(cfg, str(tmp_path))
+    write_node_config(cfg, str(tmp_path), spin_us=None)           # the default config's spin: "auto"
     r = run_cli("run", "--config", cfg, "--model", iris_model_path, "--rate", rate, "--duration", "1",
                 "--run-dir", tmp_path / "run", timeout=60)
     assert r.returncode == 0, r.stderr

@@ -56,6 +56,11 @@ diagnostics = "ipc://{ep_dir}/diagnostics"
 [loop]
 rate_hz = 1000.0
 phase_lock = true
+spin_us = 0                   # no spin, no why-late recorder: CPU a test of the live view does not need
+                              # (support.nodeutil.write_node_config)
+
+[diagnostics]
+attribution = false
 
 [watchdog]
 stale_after_ms = 20.0

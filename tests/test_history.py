@@ -10,8 +10,8 @@ import msgpack
 import numpy as np
 import pytest
 
-from support.nodeutil import Robot, start_node
-from control_node.bench.harness import run_cli, write_node_config
+from support.nodeutil import write_node_config, Robot, start_node
+from control_node.bench.harness import run_cli
 from control_node.kernels import Policy, save_model
 
 W, N = 4, 3                     # frame width, history: the policy takes 12 inputs

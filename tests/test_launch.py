@@ -25,6 +25,13 @@ sensor = "ipc://{ep_dir}/sensor"
 action = "ipc://{ep_dir}/action"
 diagnostics = "ipc://{ep_dir}/diagnostics"
 
+[loop]
+spin_us = 0                   # no spin, no why-late recorder: CPU a test of launching does not need
+                              # (support.nodeutil.write_node_config)
+
+[diagnostics]
+attribution = false
+
 [launch]
 duration = {duration}
 {launch_extra}

@@ -355,7 +355,8 @@ def test_record_and_replay_follow_a_switch(tmp_path, iris_model_path):
     import time
 
     from test_record_replay import start_recorder
-    from control_node.bench.harness import CHILD_CWD, NodeProcess, child_env, make_endpoint_dir, write_node_config
+    from control_node.bench.harness import CHILD_CWD, NodeProcess, child_env, make_endpoint_dir
+    from support.nodeutil import write_node_config
     from control_node.recording.reader import policy_switches, recorded_transitions
     from control_node.train.iris import export_verified, train_iris
     # the other policy answers a different class on every frame (the iris policy's logits rolled by one class),

@@ -13,8 +13,8 @@ import msgpack
 import numpy as np
 import pytest
 
-from support.nodeutil import Robot, start_node
-from control_node.bench.harness import CHILD_CWD, run_cli, write_node_config
+from support.nodeutil import write_node_config, Robot, start_node
+from control_node.bench.harness import CHILD_CWD, run_cli
 
 
 def start(tmp_path, model, transport="ipc", extra="", args=()):

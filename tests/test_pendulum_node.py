@@ -24,7 +24,8 @@ def launch_config(tmp_path, model, sim_args, packaged="pendulum.toml", stale_aft
     ep = make_endpoint_dir()
     lines = [f'[node]\nmodel = "{model}"\n', "[endpoints]\n"]
     lines += [f'{k} = "ipc://{ep}/{k}"\n' for k in ("sensor", "action", "diagnostics")]
-    # spin_us = 0: sleep to each tick (support.nodeutil.start_node says why); the control score does not need it
+    # spin_us = 0, no why-late recorder (support.nodeutil.write_node_config says why): the control score needs neither
+    lines.append("[diagnostics]\nattribution = false\n")
     lines.append("[loop]\nspin_us = 0\n" + "".join(f"{k} = {cfg['loop'][k]}\n" for k in ("rate_hz", "policy_rate_hz")
                                                      if k in cfg["loop"]))
     lines.append(f"[watchdog]\nstale_after_ms = {stale_after_ms or cfg['watchdog']['stale_after_ms']}\n"

@@ -10,9 +10,9 @@ import sys
 import numpy as np
 import pytest
 
-from support.nodeutil import child_script, start_node, stop_node
+from support.nodeutil import write_node_config, child_script, start_node, stop_node
 from control_node import rundir
-from control_node.bench.harness import CHILD_CWD, run_cli, write_node_config
+from control_node.bench.harness import CHILD_CWD, run_cli
 
 
 

@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from control_node.bench.harness import CHILD_CWD, NodeProcess, child_env, make_endpoint_dir, run_cli as cn, write_node_config
-from support.nodeutil import assert_replay_compared_every_recorded_answer
+from control_node.bench.harness import CHILD_CWD, NodeProcess, child_env, make_endpoint_dir, run_cli as cn
+from support.nodeutil import write_node_config, assert_replay_compared_every_recorded_answer
 
 
 def start_recorder(config, out, *extra):

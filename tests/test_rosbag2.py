@@ -14,7 +14,8 @@ import msgpack
 import numpy as np
 import pytest
 
-from control_node.bench.harness import CHILD_CWD, NodeProcess, child_env, make_endpoint_dir, run_cli as cn, write_node_config
+from control_node.bench.harness import CHILD_CWD, NodeProcess, child_env, make_endpoint_dir, run_cli as cn
+from support.nodeutil import write_node_config
 
 pytest.importorskip("rosbags")
 JOINT_STATE_HASH = "RIHS01_a13ee3a330e346c9d87b5aa18d24e11690752bd33a0350f11c5882bc9179260e"

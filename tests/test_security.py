@@ -17,8 +17,8 @@ import pytest
 import zmq
 import zmq.auth  # a submodule: tests use it directly, whatever ran before them
 
-from support.nodeutil import Robot, assert_answered_or_superseded
-from control_node.bench.harness import CHILD_CWD, NodeProcess, write_node_config
+from support.nodeutil import write_node_config, Robot, assert_answered_or_superseded
+from control_node.bench.harness import CHILD_CWD, NodeProcess
 
 from control_node import endpoints, security
 from control_node.config import load_config

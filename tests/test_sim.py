@@ -4,7 +4,8 @@ import json
 import numpy as np
 import pytest
 
-from control_node.bench.harness import NodeProcess, make_endpoint_dir, run_cli as cn, write_node_config
+from control_node.bench.harness import NodeProcess, make_endpoint_dir, run_cli as cn
+from support.nodeutil import write_node_config
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,8 @@ import numpy as np
 import zmq
 
 from control_node import rundir
-from control_node.bench.harness import CHILD_CWD, NodeProcess, write_node_config
+from control_node.bench import harness
+from control_node.bench.harness import CHILD_CWD, NodeProcess
 
 CHILDREN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "children")
 
@@ -175,16 +176,26 @@ class ActionCollector:
         return self.actions
 
 
-def start_node(tmp_path, model, extra="", args=(), transport="ipc", spin_us=0):
-    """A node on endpoints private to ``tmp_path``; returns (NodeProcess, config path). Every node is
-    reaped after its test by the autouse fixture in conftest.py (NodeProcess.reap).
+def write_node_config(path, ep_dir, extra="", transport="ipc", spin_us=0, attribution=False):
+    """A test's node config (bench.harness.write_node_config), by default without two things only a test of
+    timing needs, both CPU the suite's workers share (measured beside a 1 kHz sender, spin 0: the node took
+    18 % of a core with the why-late recorder, 5 % without):
 
-    ``spin_us=0``: the loop sleeps to each tick instead of spinning its last 150 us (the default, "auto"):
-    12 % of a core per running node, CPU the suite's two workers share, and nothing a test of what the node
-    does needs. A test of timing (wake-up, misses, why a cycle was late) passes ``spin_us=None``: the
-    default config's spin."""
+    - ``spin_us=0``: the loop sleeps to each tick instead of spinning its last 150 us (the default, "auto"),
+      12 % of a core per running node;
+    - ``attribution=False``: no why-late recorder (its tracefs reader and /proc/stat sampler threads).
+
+    A test of timing (wake-up, misses, why a cycle was late) passes ``spin_us=None`` / ``attribution=None``
+    (the default config's) or ``True``; TOML in ``extra`` that sets either wins."""
+    return harness.write_node_config(path, ep_dir, extra, transport, spin_us=spin_us, attribution=attribution)
+
+
+def start_node(tmp_path, model, extra="", args=(), transport="ipc", spin_us=0, attribution=False):
+    """A node on endpoints private to ``tmp_path`` with a test's config (``write_node_config`` above: no spin,
+    no why-late recorder unless asked); returns (NodeProcess, config path). Every node is reaped after its
+    test by the autouse fixture in conftest.py (NodeProcess.reap)."""
     cfg = os.path.join(str(tmp_path), "node.toml")
-    write_node_config(cfg, str(tmp_path), extra, transport, spin_us=spin_us)
+    write_node_config(cfg, str(tmp_path), extra, transport, spin_us=spin_us, attribution=attribution)
     return NodeProcess(cfg, model, *args), cfg
 
 
