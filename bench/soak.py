@@ -30,16 +30,29 @@ def sample(proc_ps):
     return time.monotonic(), proc_ps.memory_info().rss, proc_ps.num_fds()
 
 
-def _settled_fds(proc_ps, timeout=3.0, step=0.1):
-    """The node's fd count once two reads ``step`` apart agree (transient fds closed; a leaked one stays)."""
-    n, deadline = proc_ps.num_fds(), time.monotonic() + timeout
-    while time.monotonic() < deadline:
+def _settled_fds(proc_ps, timeout=5.0, step=0.1, reads=3):
+    """The node's fd count once ``reads`` reads ``step`` apart agree (transient fds closed; a leaked one
+    stays). Two reads were too few: a lazy import in the node's threads on a loaded host held a file open
+    across them once (22 fds at the start, 21 at the end of a green soak)."""
+    n, same, deadline = proc_ps.num_fds(), 1, time.monotonic() + timeout
+    while same < reads and time.monotonic() < deadline:
         time.sleep(step)
         m = proc_ps.num_fds()
-        if m == n:
-            break
+        same = same + 1 if m == n else 1
         n = m
     return n
+
+
+def fd_targets(pid):
+    """What each open fd of ``pid`` is (``/proc/PID/fd`` link targets, sorted), for the report: a count that
+    differs says which file it was."""
+    out = []
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            out.append(os.readlink(f"/proc/{pid}/fd/{fd}"))
+        except OSError:
+            pass                      # closed between the listing and the read
+    return sorted(out)
 
 
 def soak(duration, interval, warmup, model=None, keep=None, rate=1000.0, log=print):
@@ -58,6 +71,7 @@ def soak(duration, interval, warmup, model=None, keep=None, rate=1000.0, log=pri
         # without peers, before the simulator exists, once settled: just after `ready` the node's diagnostics
         # thread may still be importing lazily (an open .pyc, e.g. numpy/ma/core.pyc), and a stall stretches it
         fds_no_peers_start = _settled_fds(ps)
+        fd_targets_start = fd_targets(node.pid)
         sim = subprocess.Popen([sys.executable, "-m", "control_node", "sim", "gauss", "--config", cfg,
                                 "--rate", str(rate), "--duration", str(duration), "--run-dir", sim_dir],
                                cwd=CHILD_CWD, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -84,6 +98,7 @@ def soak(duration, interval, warmup, model=None, keep=None, rate=1000.0, log=pri
                     break
                 time.sleep(0.05)
             samples.append({"t_s": round(t - t0, 3), "rss_bytes": rss, "num_fds": fds, "sim_running": False})
+        fd_targets_end = fd_targets(node.pid) if node.poll() is None else None
         sim_out = sim.communicate(timeout=60)[0]
         node.send_signal(signal.SIGTERM)
         node_out, node_err = node.communicate(timeout=60)
@@ -131,6 +146,7 @@ def soak(duration, interval, warmup, model=None, keep=None, rate=1000.0, log=pri
         "rss_growth_after_warmup_bytes": samples[-1]["rss_bytes"] - rss_after_warmup,
         "fds_min": min(fds), "fds_max": max(fds), "fds_constant": min(fds) == max(fds),
         "fds_no_peers_start": fds_no_peers_start, "fds_no_peers_end": samples[-1]["num_fds"],
+        "fd_targets_start": fd_targets_start, "fd_targets_end": fd_targets_end,
         "sim_connected_s": connected,
         "n_samples": len(samples),
         "rt": {k: v.get("granted") for k, v in ns.get("rt", {}).items()},

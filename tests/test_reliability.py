@@ -469,7 +469,7 @@ def test_soak_short(tmp_path, iris_model_path):
         assert k in rep, k
     assert rep["node_exit_code"] == 0 and rep["sim_exit_code"] == 0
     assert rep["fds_constant"], rep["samples"]
-    assert rep["fds_no_peers_start"] == rep["fds_no_peers_end"]
+    assert rep["fds_no_peers_start"] == rep["fds_no_peers_end"], (rep["fd_targets_start"], rep["fd_targets_end"])
     assert rep["cycles"] > 5000
     # no leak: the growth stays within 4 MiB plus what the why-late recorder held unsettled at its peak (a
     # bounded deque of trace intervals, ~250 B each as Python tuples; the allocator keeps the pages): on a loaded
