@@ -46,6 +46,7 @@ def test_native_build_matches_reference(tmp_path):
     assert " native " in out and "specialised" in out and "generic" in out
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not (shutil.which("clang") or shutil.which("clang-14")),
                     reason="no clang on PATH (apt-get install clang; .ci/run installs it when root)")
 def test_clang_build_matches_reference(tmp_path):
