@@ -57,8 +57,8 @@ def pytest_collection_modifyitems(config, items):
     Spread: under -n a worker takes the next test when it is free. Slow tests (compiles, training, long node
     runs) dealt out together leave the cores idle later, while the short ones mostly wait on sockets and
     timers: all slow first took 342 s (-n 3) and 363 s (-n 4) with ~240 idle CPU-s; random order, which
-    bunches them by chance, 248-296 s at -n 4 (60-80 idle CPU-s); spread evenly, 226 and 228 s (main
-    checkout, 2 vCPUs, 2026-12-05).
+    bunches them by chance, 248-296 s at -n 4 (79 idle CPU-s in the one run measured for it); spread evenly,
+    226 and 228 s (60 and 65 idle CPU-s) (main checkout, 2 vCPUs, 2026-12-05).
     Exclusive last: each waits for every shared test in flight to end, then holds the other workers idle
     while it runs; at the end it overlaps the run's own tail."""
     exclusive = [i for i in items if i.get_closest_marker("machine_exclusive") is not None]

@@ -19,6 +19,7 @@ from control_node import rundir
 from control_node.bench.harness import CHILD_CWD, child_env, free_tcp_ports, make_endpoint_dir, run_cli
 from control_node.live import channels as ch
 from support.netns import Namespace
+from support.nodeutil import quiet_node_toml
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CLIENT_DIR = os.path.join(HERE, "foxglove_client")
@@ -43,7 +44,8 @@ needs_client = pytest.mark.skipif(
 
 def write_config(path, ep_dir, model, duration, foxglove_args=(), listen=None):
     args = ", ".join(f'"{a}"' for a in foxglove_args)
-    path.write_text(f"""
+    # no spin, no why-late recorder: CPU a test of the live view does not need
+    path.write_text(quiet_node_toml(f"""
 [node]
 model = "{model}"
 run_root = "{ep_dir}/runs"
@@ -56,11 +58,6 @@ diagnostics = "ipc://{ep_dir}/diagnostics"
 [loop]
 rate_hz = 1000.0
 phase_lock = true
-spin_us = 0                   # no spin, no why-late recorder: CPU a test of the live view does not need
-                              # (support.nodeutil.write_node_config)
-
-[diagnostics]
-attribution = false
 
 [watchdog]
 stale_after_ms = 20.0
@@ -77,7 +74,7 @@ args = [{args}]
 
 [children.record]
 sensor_tap = "ipc://{ep_dir}/sensor_tap"
-""" + (f'\n[foxglove]\nlisten = "{listen}"\n' if listen else ""))
+""" + (f'\n[foxglove]\nlisten = "{listen}"\n' if listen else "")))
     return path
 
 

@@ -11,12 +11,14 @@ import psutil
 import pytest
 
 from control_node.bench.harness import CHILD_CWD, child_env, make_endpoint_dir
+from support.nodeutil import quiet_node_toml
 
 
 def write_launch_config(path, ep_dir, model, duration=2.0, sim_args=("gauss",), record=False, sim_restart=False,
                         launch_extra="", node_extra=""):
     args = ", ".join(f'"{a}"' for a in sim_args)
-    path.write_text(f"""
+    # no spin, no why-late recorder: CPU a test of launching does not need
+    path.write_text(quiet_node_toml(f"""
 [node]
 model = "{model}"
 
@@ -24,13 +26,6 @@ model = "{model}"
 sensor = "ipc://{ep_dir}/sensor"
 action = "ipc://{ep_dir}/action"
 diagnostics = "ipc://{ep_dir}/diagnostics"
-
-[loop]
-spin_us = 0                   # no spin, no why-late recorder: CPU a test of launching does not need
-                              # (support.nodeutil.write_node_config)
-
-[diagnostics]
-attribution = false
 
 [launch]
 duration = {duration}
@@ -44,7 +39,7 @@ restart = {str(sim_restart).lower()}
 enabled = {str(record).lower()}
 sensor_tap = "ipc://{ep_dir}/sensor_tap"
 {node_extra}
-""")
+"""))
     return path
 
 

@@ -23,7 +23,7 @@ import time
 import pytest
 
 from control_node.bench.harness import CHILD_CWD
-from support.nodeutil import assert_answered_or_superseded
+from support.nodeutil import assert_answered_or_superseded, quiet_node_toml
 
 from test_security import make_keys, security_toml
 
@@ -192,9 +192,9 @@ def test_node_and_robot_in_two_namespaces_over_curve(link, tmp_path, iris_model_
         robot_eps = dict(node_eps)
     else:                                                    # robot connects through the delay relay
         robot_eps = {k: f"tcp://127.0.0.1:{p + 1000}" for k, p in ports.items()}
-    # spin_us = 0, no why-late recorder: CPU a test of answers over a link does not need (nodeutil.write_node_config)
-    common = (f'[node]\nrun_root = "{tmp_path}/runs"\n[loop]\nrate_hz = {RATE}\nspin_us = 0\n'
-              "[watchdog]\nstale_after_ms = 5.0\n[diagnostics]\nattribution = false\n" + security_toml(keys))
+    # no spin, no why-late recorder: CPU a test of answers over a link does not need
+    common = quiet_node_toml(f'[node]\nrun_root = "{tmp_path}/runs"\n[loop]\nrate_hz = {RATE}\n'
+                             "[watchdog]\nstale_after_ms = 5.0\n" + security_toml(keys))
     node_cfg, robot_cfg = tmp_path / "node.toml", tmp_path / "robot.toml"
     node_cfg.write_text("[endpoints]\n" + "".join(f'{k} = "{v}"\n' for k, v in node_eps.items()) + common)
     robot_cfg.write_text("[endpoints]\n" + "".join(f'{k} = "{v}"\n' for k, v in robot_eps.items()) + common)

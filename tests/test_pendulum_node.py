@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from support.nodeutil import assert_answered_or_superseded, assert_offline_rollout
+from support.nodeutil import assert_answered_or_superseded, assert_offline_rollout, quiet_node_toml
 from control_node.bench.harness import CHILD_CWD, child_env, make_endpoint_dir
 from control_node.endpoints import default_config
 
@@ -24,15 +24,13 @@ def launch_config(tmp_path, model, sim_args, packaged="pendulum.toml", stale_aft
     ep = make_endpoint_dir()
     lines = [f'[node]\nmodel = "{model}"\n', "[endpoints]\n"]
     lines += [f'{k} = "ipc://{ep}/{k}"\n' for k in ("sensor", "action", "diagnostics")]
-    # spin_us = 0, no why-late recorder (support.nodeutil.write_node_config says why): the control score needs neither
-    lines.append("[diagnostics]\nattribution = false\n")
-    lines.append("[loop]\nspin_us = 0\n" + "".join(f"{k} = {cfg['loop'][k]}\n" for k in ("rate_hz", "policy_rate_hz")
+    lines.append("[loop]\n" + "".join(f"{k} = {cfg['loop'][k]}\n" for k in ("rate_hz", "policy_rate_hz")
                                                      if k in cfg["loop"]))
     lines.append(f"[watchdog]\nstale_after_ms = {stale_after_ms or cfg['watchdog']['stale_after_ms']}\n"
                  f'safe_action = "{cfg["watchdog"]["safe_action"]}"\n')
     lines.append('[children.sim]\nargs = [' + ", ".join(f'"{a}"' for a in sim_args) + "]\n")
     path = tmp_path / packaged
-    path.write_text("".join(lines))
+    path.write_text(quiet_node_toml("".join(lines)))   # no spin, no why-late recorder: the score needs neither
     return path
 
 

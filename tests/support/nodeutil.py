@@ -190,6 +190,12 @@ def write_node_config(path, ep_dir, extra="", transport="ipc", spin_us=0, attrib
     return harness.write_node_config(path, ep_dir, extra, transport, spin_us=spin_us, attribution=attribution)
 
 
+def quiet_node_toml(toml):
+    """A whole node config's TOML (a launch file's, say) with ``write_node_config``'s test defaults: no spin, no
+    why-late recorder, unless ``toml`` sets them."""
+    return harness.with_node_defaults(toml, spin_us=0, attribution=False)
+
+
 def start_node(tmp_path, model, extra="", args=(), transport="ipc", spin_us=0, attribution=False):
     """A node on endpoints private to ``tmp_path`` with a test's config (``write_node_config`` above: no spin,
     no why-late recorder unless asked); returns (NodeProcess, config path). Every node is reaped after its
