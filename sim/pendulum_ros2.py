@@ -57,7 +57,7 @@ class PendulumRos2:
         self.lockstep = bool(lockstep)
         self.published = 0                               # every state, the handshake's too
         self.n_cmd = self.bad_cmd = 0
-        self.node.create_subscription(Float64MultiArray, command_topic, self._on_command,
+        self.cmd_sub = self.node.create_subscription(Float64MultiArray, command_topic, self._on_command,
                                       QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE))
         self.joint, self.state_topic, self.command_topic = joint, state_topic, command_topic
         self.rate_hz, self.physics_hz = float(rate_hz), float(physics_hz)
@@ -128,7 +128,22 @@ class PendulumRos2:
             if self._take_commands():
                 return
         raise UserError(f"no command on {self.command_topic} within {self.handshake_timeout:g} s after publishing "
-                        f"{self.state_topic}: is the bridge running (control-node bridge ros2) with the node?")
+                        f"{self.state_topic}: {self._graph_evidence()}")
+
+    def _graph_evidence(self):
+        """What DDS discovery had matched when no command came: tells a bridge that is not there from one this
+        process has not matched yet (discovery under load can take seconds, one direction before the other)."""
+        cmd = self.command_topic
+        matched, known = self.cmd_sub.get_publisher_count(), self.node.count_publishers(cmd)
+        readers = self.pub.get_subscription_count()
+        seen = (f"publishers of {cmd} matched {matched}, known to the graph {known}; "
+                f"subscribers matched to {self.state_topic} {readers}")
+        if known == 0 and readers == 0:
+            return f"{seen}. Is the bridge running (control-node bridge ros2) with the node, on this ROS_DOMAIN_ID?"
+        if matched == 0:
+            return (f"{seen}. Discovery has not matched a publisher to this subscription yet (a loaded host can "
+                    "take seconds): --timeout sets the wait")
+        return f"{seen}. A matched publisher sent nothing: is the node answering the bridge?"
 
     def _await_command(self, t_sent, f, stopper):
         """Lockstep: the commands taken until one arrived at or after ``t_sent`` (state ``f`` went out then);

@@ -243,12 +243,21 @@ def assert_bridge_carried(br, robot_published):
     assert br["frames_sent"] > 0 and br["actions_published"] > 0, br
 
 
+# A robot's wait for the bridge's first command. DDS discovery matches the two directions separately: a fresh-clone
+# run (-n 4) had the bridge receive 646 of the robot's states and publish 507 commands while the robot's
+# subscription matched none for 10 s (the default --timeout). How long discovery takes on a loaded host is not a rule
+# of the bridge; that every state is answered with the offline rollout's torque is.
+ROBOT_TIMEOUT_S = 60
+
+
 def lockstep_robot(text, packaged_args):
     """The packaged pendulum_ros2 config with its robot in lockstep at 100 Hz and a watchdog that waits for it:
     a lockstep robot's clock stands still until a command comes, so a host stall longer than the packaged 20 ms
-    would trip the node's watchdog and the robot would take the safe action (zero torque) as its answer."""
+    would trip the node's watchdog and the robot would take the safe action (zero torque) as its answer.
+    The robot waits up to ROBOT_TIMEOUT_S for the bridge, not the default 10 s (ROBOT_TIMEOUT_S says why)."""
     assert packaged_args in text and "stale_after_ms = 20.0" in text
-    return (text.replace(packaged_args, packaged_args[:-1] + ', "--lockstep", "--rate", "100"]')
+    return (text.replace(packaged_args, packaged_args[:-1] + f', "--lockstep", "--rate", "100", "--timeout", '
+                                                             f'"{ROBOT_TIMEOUT_S}"]')
             .replace("stale_after_ms = 20.0", "stale_after_ms = 5000.0"))
 
 
@@ -291,7 +300,7 @@ def test_launch_beside_a_robot_of_its_own(netns, tmp_path, pendulum_model):
     depended on how fast a loaded host ran three processes: see test_launch_pendulum_ros2_balances)."""
     from control_node.endpoints import default_config
     text = lockstep_robot(open(default_config("pendulum_ros2.toml")).read(), 'args = ["pendulum", "--ros2"]')
-    text = text.replace('"--rate", "100"]', '"--rate", "100"]\nenabled = false')
+    text = text.replace(f'"--timeout", "{ROBOT_TIMEOUT_S}"]', f'"--timeout", "{ROBOT_TIMEOUT_S}"]\nenabled = false')
     # the session's pendulum policy (test_launch_pendulum_ros2_balances has launch train one when missing)
     text = text.replace('model = "models/pendulum.npz"', f'model = "{pendulum_model}"')
     # launch runs until the robot is done (then SIGINT), however slowly a loaded host runs it
@@ -308,7 +317,7 @@ def test_launch_beside_a_robot_of_its_own(netns, tmp_path, pendulum_model):
     assert any("ready bridge" in ln for ln in lines), "".join(lines)
     assert not any("starting sim" in ln for ln in lines), "".join(lines)
     robot = netns.popen(sys.executable, "-m", "control_node", "sim", "pendulum", "--ros2", "--lockstep", "--rate", "100",
-                        "--duration", "5", "--run-dir", str(tmp_path / "robot"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                        "--duration", "5", "--timeout", str(ROBOT_TIMEOUT_S), "--run-dir", str(tmp_path / "robot"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     rout, _ = robot.communicate(timeout=120)
     launch.send_signal(signal.SIGINT)
     out, _ = launch.communicate(timeout=60)
