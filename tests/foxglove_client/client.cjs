@@ -5,7 +5,8 @@
 //
 // Connects with the subprotocol foxglove.sdk.v1 (what the foxglove-sdk server requires), subscribes to
 // every channel the server advertises, and after SECONDS writes OUT.json: the advertised channels (topic,
-// encoding, schema) and every message received, decoded from JSON, by topic, with its log time.
+// encoding, schema) and every message received, decoded from JSON, by topic, with its log time, and the
+// server's status messages.
 // --stall: subscribe, then never read again (the socket is paused: the server's sends back up), as a
 // viewer on a slow link does; OUT.json then holds what arrived before the stall.
 // --stall-for S: the same stall for S seconds, then read again until SECONDS; OUT.json also holds the wall
@@ -28,15 +29,17 @@ const bySub = {};
 const messages = {};
 let serverInfo = null;
 const errors = [];
+const statuses = [];          // the server's status messages (a refused subscription is reported as one)
 const decoder = new TextDecoder();
 
 let closed = null;
 client.on("serverInfo", (info) => { serverInfo = info; });
 ws.on("close", (code, reason) => { closed = { code, reason: String(reason), at_ns: wallNs() }; });
 client.on("error", (e) => { errors.push(String(e && e.message ? e.message : e)); });
+client.on("status", (st) => { statuses.push(st); });
 client.on("advertise", (chans) => {
   for (const ch of chans) {
-    channels[ch.id] = { topic: ch.topic, encoding: ch.encoding, schemaName: ch.schemaName,
+    channels[ch.id] = { id: ch.id, topic: ch.topic, encoding: ch.encoding, schemaName: ch.schemaName,
                         schemaEncoding: ch.schemaEncoding, schema: ch.schema };
     bySub[client.subscribe(ch.id)] = ch.topic;
   }
@@ -61,7 +64,7 @@ client.on("message", ({ subscriptionId, timestamp, data }) => {
 
 setTimeout(() => {
   fs.writeFileSync(out, JSON.stringify({ subprotocol: ws.protocol, serverInfo, channels: Object.values(channels),
-                                         messages, errors, paused_ns: pausedNs, resumed_ns: resumedNs, closed }));
+                                         messages, errors, statuses, paused_ns: pausedNs, resumed_ns: resumedNs, closed }));
   if (stall) process.exit(0);             // a stalled viewer just vanishes
   ws.close();                             // a closing handshake, as a viewer closing its tab
   setTimeout(() => process.exit(0), 500);
