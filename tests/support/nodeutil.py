@@ -250,16 +250,18 @@ def stop_node(node, sig=None, timeout=15.0):
         raise
 
 
-def assert_answered_or_superseded(sim_summary, node_summary, share=0.95):
+def assert_answered_or_superseded(sim_summary, node_summary, share=0.95, in_flight=0, why_in_flight=""):
     """The simulator's frames were answered, or superseded by a newer frame in the same cycle.
 
     A host stall of the loop (5-20 ms on this VM) lets several frames queue; the node answers the newest
     and counts the others in its own ``superseded``. Those are explained by the node's record, not lost:
-    the bound is on frames neither answered nor superseded."""
+    the bound is on frames neither answered nor superseded. ``in_flight`` frames the caller has shown the
+    node never received (``why_in_flight`` says how) count as explained too."""
     sent, answered = sim_summary["frames_sent"], sim_summary["frames_answered"]
     superseded = node_summary["superseded"]
-    assert answered + superseded >= share * sent, (
-        f"{sent - answered} of {sent} frames unanswered, only {superseded} superseded by the node's count")
+    assert answered + superseded + in_flight >= share * sent, (
+        f"{sent - answered} of {sent} frames unanswered, only {superseded} superseded by the node's count"
+        + (f", {in_flight} never received ({why_in_flight})" if in_flight else ""))
 
 
 class FedSockets:
