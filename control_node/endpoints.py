@@ -9,6 +9,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import re
+import socket
 from importlib import resources
 
 NAMES = ("sensor", "action", "diagnostics")     # the node's three bound sockets
@@ -39,6 +40,24 @@ def expand(ep: str) -> str:
 def ipc_path(ep: str) -> str | None:
     """The socket file of an ``ipc://`` endpoint, else None."""
     return ep[len("ipc://"):] if ep.startswith("ipc://") else None
+
+
+def ipc_listened(path: str) -> bool:
+    """Whether a process listens on the socket file ``path`` (a connect succeeds). libzmq's ipc bind replaces
+    an existing file without a word, and its close unlinks the file it bound: a second node on the same path
+    would take the first one's frames, and whichever stops first would cut the other off. A file nobody
+    listens on (a killed node's) is stale and free to replace."""
+    if not os.path.exists(path):
+        return False
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        s.settimeout(1.0)
+        s.connect(path)
+        return True
+    except OSError:          # ECONNREFUSED: nobody listens; ENOENT: gone meanwhile; a non-socket file
+        return False
+    finally:
+        s.close()
 
 
 def ensure_ipc_dir(ep: str) -> None:

@@ -202,10 +202,12 @@ def summary_lines(run_dir, driver):
 
 
 def remove_stale_sockets(endpoints):
-    from control_node.endpoints import ipc_path
+    """Socket files our children left (a killed node cannot unlink its own); a file another process listens
+    on is someone else's node, and stays."""
+    from control_node.endpoints import ipc_listened, ipc_path
     for ep in endpoints.values():
         p = ipc_path(ep)
-        if p and os.path.exists(p):
+        if p and os.path.exists(p) and not ipc_listened(p):
             try:
                 os.unlink(p)
                 say(f"removed stale socket file {p}")

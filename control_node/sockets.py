@@ -5,7 +5,7 @@ import os
 
 import zmq
 
-from control_node.endpoints import ipc_path, runtime_dir
+from control_node.endpoints import ipc_listened, ipc_path, runtime_dir
 from control_node.errors import UserError
 
 class NodeSockets:
@@ -38,6 +38,11 @@ class NodeSockets:
             path = ipc_path(self.endpoints[name])
             if path:
                 check_runtime_dir(path, self.endpoints[name], name, default_dir=runtime_dir())
+                if ipc_listened(path):
+                    raise UserError(f"cannot bind the {name} endpoint {self.endpoints[name]}: another process "
+                                    f"listens there (a node already running with these [endpoints]?). Fix: stop "
+                                    f"it, or give this node other [endpoints] (the default {{runtime_dir}} follows "
+                                    f"$XDG_RUNTIME_DIR)")
         if security and security.get("curve"):
             self.curve = ServerCurve(self.ctx, security)      # raises UserError on bad/unsafe key files
         self.sensor = self.ctx.socket(zmq.SUB)

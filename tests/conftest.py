@@ -1,9 +1,11 @@
 """Shared fixtures. Keep this small: helpers used by more than one test module only."""
 from __future__ import annotations
 
+import atexit
 import contextlib
 import fcntl
 import os
+import shutil
 import tempfile
 
 # One BLAS / OpenMP thread in every test process and child: three workers share two cores, and OpenBLAS's
@@ -21,6 +23,14 @@ threadpool_limits(1)
 import pytest
 
 _LOCK_DIR = os.path.join(tempfile.gettempdir(), f"control-node-tests-{os.getuid()}")
+
+# The default {runtime_dir} (the packaged configs' ipc endpoints) of this process and every child it starts: a
+# private one per test process, and per test below. With the shared /tmp/control-node-UID a fresh-clone run had
+# a ROS 2 launch's node take no frame in 21 s (the bridge sent 1688): another worker's launch of a packaged
+# config used the same socket files (libzmq's bind replaces the file, and launch removed it at its end).
+_RUNTIME_ROOT = tempfile.mkdtemp(prefix="cn-rt-")
+os.environ["XDG_RUNTIME_DIR"] = _RUNTIME_ROOT
+atexit.register(shutil.rmtree, _RUNTIME_ROOT, True)
 
 
 @contextlib.contextmanager
@@ -230,6 +240,15 @@ def overflow_model_path(tmp_path_factory):
                      action_names=["a", "b", "c", "d"], action_offset=[0.5, -0.5, 0.0, 1.0], action_scale=1.0,
                      squash=False, check_X=rng.normal(0.0, 1.0, size=(16, 6)), trainer="random")
     return _save(spec, tmp_path_factory, "overflow.npz")
+
+
+@pytest.fixture(autouse=True)
+def _private_runtime_dir(monkeypatch):
+    """Each test's own {runtime_dir} (a short path: an ipc socket's path has at most 107 bytes)."""
+    d = tempfile.mkdtemp(prefix="t", dir=_RUNTIME_ROOT)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", d)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)

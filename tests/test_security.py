@@ -261,6 +261,53 @@ def test_every_socket_has_a_size_cap(tmp_path):
         socks.close()
 
 
+def test_a_second_node_on_the_same_ipc_endpoints_is_refused_and_the_first_keeps_its_frames(tmp_path):
+    """libzmq's ipc bind replaces an existing socket file without a word, so a second node started with the same
+    [endpoints] took the first one's frames, and launch removed the files at its end, cutting a running node
+    off (a fresh-clone run: two tests' launches on the default {runtime_dir}; the ROS 2 one's node got no frame
+    of 1688). The second node is refused, naming the endpoint; the first keeps receiving; a stale file (nobody
+    listening) is bound over, and launch's clean-up removes only stale files."""
+    import socket
+
+    from control_node.launch import remove_stale_sockets
+    from control_node.sockets import NodeSockets
+    d = tmp_path / "eps"
+    eps = {k: f"ipc://{d}/{k}" for k in ("sensor", "action", "diagnostics", "control")}
+    first = NodeSockets(eps, 4096)
+    try:
+        with pytest.raises(UserError) as e:
+            NodeSockets(eps, 4096)
+        assert f"the sensor endpoint ipc://{d}/sensor: another process listens there" in str(e.value)
+        remove_stale_sockets(eps)
+        assert (d / "sensor").is_socket()
+        ctx = zmq.Context.instance()
+        pub = ctx.socket(zmq.PUB)
+        pub.setsockopt(zmq.LINGER, 0)
+        pub.connect(eps["sensor"])
+        try:
+            for _ in range(200):             # PUB/SUB's slow joiner: send until the first node hears one
+                pub.send(b"frame")
+                if first.sensor.poll(10):
+                    break
+            assert first.sensor.recv(zmq.NOBLOCK) == b"frame"
+        finally:
+            pub.close()
+    finally:
+        first.close()
+    # a killed node's file: a socket file nobody listens on
+    stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    stale.bind(str(d / "sensor"))
+    stale.close()
+    assert (d / "sensor").is_socket() and not endpoints.ipc_listened(str(d / "sensor"))
+    second = NodeSockets(eps, 4096)
+    second.close()
+    stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    stale.bind(str(d / "sensor"))
+    stale.close()
+    remove_stale_sockets(eps)
+    assert not (d / "sensor").exists()
+
+
 def test_keys_verb_modes_and_no_overwrite(tmp_path):
     out = tmp_path / "k"
     run = lambda *a: subprocess.run([sys.executable, "-m", "control_node", "keys", "--out", str(out), *a],
