@@ -159,7 +159,14 @@ def test_sigterm_writes_complete_run_dir(tmp_path, iris_model_path):
 
 
 def test_sensor_clock_answers_each_frame_once(tmp_path, iris_model_path, policy):
-    # 1 s: a stall of this process between two lockstep frames must not trip the watchdog mid-sequence
+    """Lockstep frames on the sensor clock: each answered once, with the policy's action, and every safe action
+    is the watchdog's: the node's record shows it a full stale_after_ms after the cycle that took the last frame,
+    carrying that frame's seq. A fresh-clone run had a safe action mid-sequence: frame 15 reached the node
+    1.403 s after it was stamped (the host starved this process or ZeroMQ's I/O thread), so the node, having
+    no frame for 1.000 s, tripped rightly; asserting "no safe action before the last frame" checked the host."""
+    from control_node.rundir import FLAGS
+    from support.nodeutil import load_run, stop_node
+    stale_ns = 1_000_000_000
     node = start(tmp_path, iris_model_path, extra="[watchdog]\nstale_after_ms = 1000.0\n", args=["--clock", "sensor"])
     robot = Robot(node.endpoints)
     try:
@@ -170,20 +177,30 @@ def test_sensor_clock_answers_each_frame_once(tmp_path, iris_model_path, policy)
         for x in X[:30]:                                    # lockstep: each frame alone in the socket
             seq = robot.send(x)
             got, deadline = [], time.monotonic() + 2.0
-            while not any(a["seq"] == seq for a in got):
+            while not any(a["seq"] == seq and not a["safe"] for a in got):
                 assert time.monotonic() < deadline, f"frame {seq} not answered"
                 got += robot.actions(timeout=0.005)
             seen += got
-            a = next(a for a in got if a["seq"] == seq)
-            assert a["action"] == policy.predict(np.ascontiguousarray(x)) and not a["safe"]
-        seen += robot.actions(timeout=1.5)                 # past the watchdog's 1 s
+            a = next(a for a in got if a["seq"] == seq and not a["safe"])
+            assert a["action"] == policy.predict(np.ascontiguousarray(x))
+        seen += robot.after_the_trip()                      # no frame after the last: the watchdog trips
         answers = [a["seq"] for a in seen if not a["safe"]]
         assert len(answers) == len(set(answers)) == 30      # one action per frame, none repeated
-        # the only safe actions come after the last frame, from the watchdog, carrying its seq
-        assert all(a["seq"] == robot.seq for a in seen if a["safe"])
+        assert seen[-1]["safe"] and seen[-1]["seq"] == robot.seq
     finally:
         robot.close()
-        node.stop()
+        rc, _, err, run_dir = stop_node(node)
+    assert rc == 0, err
+    _, rec = load_run(run_dir)
+    new, stale = (rec["flags"] & FLAGS["new_frame"]) != 0, (rec["flags"] & FLAGS["stale"]) != 0
+    for i in np.flatnonzero(stale):
+        took = np.flatnonzero(new[:i])[-1]                  # the cycle that took the last frame before it
+        waited = int(rec["t_tick_ns"][i] - rec["t_tick_ns"][took])
+        assert waited >= stale_ns and rec["seq"][i] == rec["seq"][took], (
+            f"cycle {i} tripped {waited / 1e6:.3f} ms after cycle {took} took frame {rec['seq'][took]} "
+            f"(seq {rec['seq'][i]}), watchdog {stale_ns / 1e6:.0f} ms")
+    tripped = set(rec["seq"][stale].tolist())
+    assert {a["seq"] for a in seen if a["safe"]} <= tripped, "safe actions the node's record has no trip for"
 
 
 @pytest.mark.parametrize("text,field", [
