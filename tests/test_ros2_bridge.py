@@ -232,6 +232,41 @@ def test_bridge_restart_and_node_restart_are_survived_and_counted(netns, tmp_pat
     assert ns["frames_valid"] >= 1 and sum(ns.get("rejected", {}).values()) == 0, ns
 
 
+def test_a_node_restart_whose_first_actions_were_lost_is_still_seen(netns, tmp_path, continuous_f64_model_path):
+    """The bridge sees a node restart by the node's end of the action connection closing, not only by the cycle
+    number going backwards: a fresh-clone run counted no restart when PUB/SUB's slow joiner lost the new node's
+    first action (the old node's last cycle 1, the first seen from the new node 1). Here a stand-in node (a real
+    PUB on the node's action endpoint, the protocol's msgpack map) answers seq 5 at cycles 0.., closes, and a
+    second one answers the same seq 5 from cycle 10000 on, as a restarted node whose first 10000 actions the
+    bridge missed: the bridge counts one restart and publishes the second node's answer too."""
+    import msgpack
+    import zmq
+
+    from control_node.config import load_config
+    from control_node.kernels import Policy
+    from support.nodeutil import write_node_config
+    n_u = Policy.load(continuous_f64_model_path).n_actions
+    cfg = tmp_path / "node.toml"
+    write_node_config(str(cfg), str(tmp_path), RECIPE)
+    action_ep = load_config(str(cfg))["endpoints"]["action"]
+    bridge = start_bridge(netns, cfg, continuous_f64_model_path, tmp_path / "bridge")
+    ctx = zmq.Context.instance()
+    try:
+        for first_cycle in (0, 10_000):
+            pub = ctx.socket(zmq.PUB)
+            pub.bind(action_ep)
+            for k in range(150):             # 1.5 s: past the bridge's reconnect and PUB/SUB's slow joiner
+                pub.send(msgpack.packb({"seq": 5, "t_ns": time.monotonic_ns(), "cycle": first_cycle + k,
+                                        "u": [0.25] * n_u, "safe": False}))
+                time.sleep(0.01)
+            pub.close(linger=0)                # the node's process exiting closes its end the same way
+            time.sleep(0.3)
+    finally:
+        summary, out = stop_bridge(bridge, tmp_path / "bridge")
+    assert summary["node_restarts"] == 1, (summary, out)
+    assert summary["actions_published"] == 2, (summary, out)   # seq 5 from each node, once each
+
+
 def assert_bridge_carried(br, robot_published):
     """The bridge carried the robot's stream, by its own accounts (how much of it a loaded host delivers is the
     host's business: bounds on a share of the robot's count failed twice on a loaded host with the pendulum

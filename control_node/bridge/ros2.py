@@ -177,9 +177,30 @@ class Bridge:
         zmq = self.zmq
         poller = zmq.Poller()
         poller.register(self.sub, zmq.POLLIN)
+        # the node's end of the connection closing (its process exiting) marks a restart for sure: the cycle
+        # count alone missed one when PUB/SUB's slow joiner lost the new node's first actions (a fresh-clone
+        # run, sensor clock: the old node's last cycle 1, the first one seen from the new node 1)
+        mon = self.sub.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        poller.register(mon, zmq.POLLIN)
+        try:
+            self._action_loop(poller, mon, msgpack)
+        finally:
+            self.sub.disable_monitor()
+            mon.close(linger=0)
+
+    def _action_loop(self, poller, mon, msgpack):
+        zmq = self.zmq
+        node_gone = False
         while not self.stop.is_set():
             if not poller.poll(50):
                 continue
+            gone, restarts_before = False, self.node_restarts
+            while True:                 # first: see below
+                try:
+                    mon.recv_multipart(zmq.NOBLOCK)
+                    gone = True
+                except zmq.Again:
+                    break
             while True:
                 try:
                     raw = self.sub.recv(zmq.NOBLOCK)
@@ -196,9 +217,10 @@ class Bridge:
                 if u is None:
                     self.argmax_actions += 1
                     continue
-                if cycle < self.last_cycle:
-                    self.node_restarts += 1     # a new node process counts its cycles from 0 again
+                if node_gone or cycle <= self.last_cycle:   # a node publishes each cycle number once
+                    self.node_restarts += self.last_cycle >= 0
                     self.last_key = None
+                    node_gone = False
                 self.last_cycle = cycle
                 key = (seq, safe)
                 if key == self.last_key:
@@ -211,6 +233,11 @@ class Bridge:
                     self.safe_published += safe
                     if self.first_action_ns is None:
                         self.first_action_ns = time.monotonic_ns()
+            # the old node's last actions were queued before its disconnect, so the drain above took them; an
+            # action from here on is the new node's, unless the drain already saw the restart by its cycle
+            # (possible only after this thread stalled: a node takes hundreds of ms to start and connect)
+            if gone and self.node_restarts == restarts_before:
+                node_gone = True
 
     def run(self, duration_s=None, status_every_s=0.0, ready=print):
         rclpy = self.rclpy
