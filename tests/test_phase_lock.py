@@ -16,12 +16,14 @@ from control_node.bench.harness import CHILD_CWD, run_cli
 
 
 
-def leads(s, a, last_s):
-    """tick - t_ns of every frame acted on in the last ``last_s`` seconds of frames (ns)."""
+def leads(s, a, after_s):
+    """tick - t_ns of every frame acted on from ``after_s`` seconds after the first one on (ns): past the
+    lock's convergence (370 us at 10 us a cycle: 37 ms). Not "the last second": a fresh-clone run had the host
+    hold frames back for 0.1-0.7 s there (input ages up to 695 ms), so the loop took only 32 of them, each
+    the newest of a bunch, and the evidence count measured the host."""
     new = ((a["flags"] & rundir.FLAG_NEW_FRAME) != 0) & (a["input_age_ns"] >= 0) & (a["wake_latency_ns"] >= 0)
     t = a["t_tick_ns"]
-    last = t[new].max()
-    sel = new & (t > last - last_s * 1e9)
+    sel = new & (t > t[new].min() + after_s * 1e9)
     return (a["input_age_ns"][sel] - a["wake_latency_ns"][sel]).astype(np.int64), sel
 
 
@@ -46,7 +48,7 @@ def test_phase_lock_converges_on_a_1khz_sender(tmp_path, iris_model_path):
     s, a = rundir.read_node_run(run_dir)
     pl = s["phase_lock"]
     assert pl["enabled"] and pl["margin_ns"] == 100_000 and pl["max_slew_ns_per_cycle"] == 10_000
-    lead, sel = leads(s, a, 1.0)
+    lead, sel = leads(s, a, 0.2)
     # frames acted on came before their tick, unless the loop woke late (a host stall) past the frame's stamp:
     # then a frame sent after the tick was already there when it woke (the rule, not the host's timing)
     woke_late = a["wake_latency_ns"][sel] > -lead
