@@ -294,16 +294,13 @@ def test_a_second_node_on_the_same_ipc_endpoints_is_refused_and_the_first_keeps_
             pub.close()
     finally:
         first.close()
-    # a killed node's file: a socket file nobody listens on
-    stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    stale.bind(str(d / "sensor"))
-    stale.close()
+    def leave_stale_file():         # a killed node's: a socket file nobody listens on
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as stale:
+            stale.bind(str(d / "sensor"))
+    leave_stale_file()
     assert (d / "sensor").is_socket() and not endpoints.ipc_listened(str(d / "sensor"))
-    second = NodeSockets(eps, 4096)
-    second.close()
-    stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    stale.bind(str(d / "sensor"))
-    stale.close()
+    NodeSockets(eps, 4096).close()
+    leave_stale_file()
     remove_stale_sockets(eps)
     assert not (d / "sensor").exists()
 
