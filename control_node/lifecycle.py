@@ -2,10 +2,10 @@
 
 The node's loop (``control_node.loop._rtloop.RtLoop``) holds up to :data:`rundir.MAX_POLICIES` policies in
 slots and switches between them itself, between two cycles, when a request is posted. Everything else
-happens here, on the lifecycle thread (kept off the loop's core): reading and verifying a file (the
-kernel's consistency proof), laying out its weights and allocating its buffers (``Policy.load``),
-checking it against the stream (input width, action width, head), posting the request and waiting for
-the loop to take it, and turning the loop's transition records into the log that ``status``, the
+happens here, on the lifecycle thread (kept off the loop's core): reading and verifying a file (in a
+process of its own, bounded by ``[lifecycle] max_resident_mb``: kernels/isolated_load.py), laying out its
+weights, allocating its buffers and proving the kernel against the reference, checking it against the
+stream (input width, action width, head), posting the request and waiting for the loop to take it, and turning the loop's transition records into the log that ``status``, the
 diagnostics, ``summary.json`` and the report show.
 
 Requests arrive on the node's control REP socket (``[endpoints] control``) as msgpack maps, one reply
@@ -163,7 +163,8 @@ class Lifecycle:
 
     def _op_load(self, req):
         from control_node.config import resolve_safe_action
-        from control_node.kernels import Policy
+        from control_node.kernels import ConsistencyError, ModelFileError
+        from control_node.kernels.isolated_load import IsolatedLoadError, load_isolated
         name = self._name(req, resident=False)
         if name in self.residents:
             raise Refused("already_resident", f"a policy named {name!r} is already loaded (from "
@@ -175,10 +176,14 @@ class Lifecycle:
         if not isinstance(path, str) or not os.path.isfile(path):
             raise Refused("no_file", f"no model file {path!r} on the node's host. Fix: give a path the node can "
                           "read (the CLI sends it absolute)")
+        # read and verified in a process of its own (kernels/isolated_load.py: not in this locked, real-time
+        # process), bounded by the configured policy memory; then laid out and proven here, off the loop
         try:
-            policy = Policy.load(path)           # read, import, lay out, allocate and prove: here, not on the loop
+            policy = load_isolated(path, self.max_bytes)
+        except (IsolatedLoadError, ModelFileError, ConsistencyError) as e:
+            raise Refused("load_failed", str(e)) from None
         except Exception as e:
-            raise Refused("load_failed", f"{path}: {e}") from None
+            raise Refused("load_failed", f"cannot load {path}: {e}") from None
         loop = self.loop
         if policy.n_features != loop.n_features:
             frames = int(self.cfg["policy"]["history"])

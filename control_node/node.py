@@ -250,7 +250,8 @@ class Node:
         if not os.path.exists(self.model_path):
             raise UserError(f"model file {self.model_path} does not exist. Fix: run `control-node train` "
                             f"(writes models/iris.npz) or pass --model PATH")
-        policy = Policy.load(self.model_path)       # validates and proves kernel == reference
+        # validates and proves kernel == reference; the file's arrays bounded by the configured policy memory
+        policy = Policy.load(self.model_path, max_bytes=int(cfg["lifecycle"]["max_resident_mb"] * (1 << 20)))
         from control_node.config import resolve_decimation, resolve_history, resolve_safe_action, resolve_spin_us
         source = cfg.get("source", "(config)")
         safe = resolve_safe_action(wd["safe_action"], policy, source)

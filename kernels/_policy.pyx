@@ -326,7 +326,7 @@ cdef class Policy:
         self._state = (k["h"], k["c"])
 
     @classmethod
-    def load(cls, path, *, verify=True, isa=None, weights=None):
+    def load(cls, path, *, verify=True, isa=None, weights=None, max_bytes=None):
         """Read, validate and (by default) verify a model file against the numpy reference.
 
         ``.onnx`` and TorchScript (``.pt``) files are imported on the fly
@@ -334,15 +334,18 @@ cdef class Policy:
         Raises ``kernels.ModelFileError`` naming the bad field, an importer's refusal naming the
         node and operator, or ``kernels.ConsistencyError`` naming the first sample where the kernel
         and the reference disagree. ``isa`` and ``weights`` as for ``Policy(spec, ...)`` (weights default:
-        what the file says, f32 when it says nothing).
+        what the file says, f32 when it says nothing). ``max_bytes``: the bound on what the file may make the
+        process allocate (a model file's arrays together, an imported file's tensors each), checked before
+        allocating: the node's ``[lifecycle] max_resident_mb`` (default 256 MiB).
         """
-        from control_node.kernels.model_file import load_model
+        from control_node.kernels.model_file import MAX_FILE_BYTES, load_model
         from control_node.kernels.reference import check_consistency
+        bound = MAX_FILE_BYTES if max_bytes is None else int(max_bytes)
         if str(path).lower().endswith((".onnx", ".pt", ".pth", ".jit")):
             from control_node.kernels.importers import import_policy
-            spec, _proof = import_policy(path)          # refused whole, or proven against its runtime
+            spec, _proof = import_policy(path, max_bytes=bound)   # refused whole, or proven against its runtime
         else:
-            spec = load_model(path)
+            spec = load_model(path, bound)
         policy = cls(spec, isa=isa, weights=weights)
         spec = policy.spec
         if verify:

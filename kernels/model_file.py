@@ -76,8 +76,11 @@ weights_error       str ()                   optional: JSON, the error measured 
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
+import re
+import struct
 import zipfile
 from dataclasses import dataclass, field
 
@@ -96,6 +99,10 @@ ACTIVATIONS = {
     "celu": (5, 1.0), "tanh": (6, 0.0), "sigmoid": (7, 0.0), "softplus": (8, 0.0), "silu": (9, 0.0),
 }
 WITH_ALPHA = ("elu", "leaky_relu", "celu")
+#: the most bytes the arrays of one model file may take together, unless the caller names its own bound: the
+#: node's policy memory bound, [lifecycle] max_resident_mb (control_node/config.py), 256 MiB by default. Every
+#: array is checked against it by its .npy header, before a byte of it is allocated.
+MAX_FILE_BYTES = 256 << 20
 
 
 class ModelFileError(ValueError):
@@ -103,7 +110,7 @@ class ModelFileError(ValueError):
 
     def __init__(self, path, field, problem, fix):
         self.path, self.field, self.problem, self.fix = str(path), field, problem, fix
-        super().__init__(f"model file {path}: field '{field}': {problem}. Fix: {fix}")
+        super().__init__(f"cannot load {path}: field '{field}': {problem}. Fix: {fix}")
 
 
 @dataclass
@@ -283,6 +290,25 @@ def content_hash(spec: ModelSpec) -> str:
 def save_model(spec: ModelSpec, path) -> str:
     """Write ``spec`` to ``path`` (.npz), atomically. Returns the content hash."""
     validate_spec(spec, path)
+    arrays = _arrays_of(spec)
+    path = os.fspath(path)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = path + ".tmp.npz"
+    np.savez(tmp, **arrays)
+    os.replace(tmp, path)
+    return spec.sha256
+
+
+def model_bytes(spec: ModelSpec) -> bytes:
+    """The model file of ``spec`` as bytes (what :func:`save_model` writes; :func:`load_model` reads them)."""
+    validate_spec(spec)
+    buf = io.BytesIO()
+    np.savez(buf, **_arrays_of(spec))
+    return buf.getvalue()
+
+
+def _arrays_of(spec: ModelSpec) -> dict:
+    """The arrays of a model file holding ``spec``, by key (the module docstring's table)."""
     arrays = {
         "format_version": np.int64(format_version_of(spec)),
         "dtype": np.str_(spec.dtype),
@@ -317,12 +343,7 @@ def save_model(spec: ModelSpec, path) -> str:
         arrays["recurrent"] = np.str_(spec.recurrent)
         for key in RNN_KEYS:
             arrays[key] = getattr(spec, key)
-    path = os.fspath(path)
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = path + ".tmp.npz"
-    np.savez(tmp, **arrays)
-    os.replace(tmp, path)
-    return spec.sha256
+    return arrays
 
 
 def _require(data, path, key):
@@ -339,28 +360,329 @@ def _numeric(data, path, key, kinds="fiu"):
     return arr
 
 
-def load_model(path) -> ModelSpec:
-    """Read and validate a model file. Raises :class:`ModelFileError` naming the field."""
-    if not os.path.exists(path):
-        raise ModelFileError(path, "(file)", "no such file",
-                             "train one with `control-node train --out PATH` or pass --model")
+# ---------------------------------------------------------------------------------------------------------------
+# Reading a file: every array is bounded by what the format implies, from its .npy header, before it is read.
+# np.load allocates whatever a header declares (a 6 MB file of two compressed 3 GiB zero arrays made the node
+# allocate and lock 6 GB); this reader refuses such a file after reading its zip directory and a few headers.
+
+#: the zip directory of a model file: at most this many entries and bytes (a policy of 64 dense layers has
+#: 128 weight arrays and ~40 others); checked from the end-of-directory record before the directory is parsed
+MAX_ENTRIES = 512
+MAX_DIRECTORY_BYTES = 1 << 20
+#: the most layers a model file may hold (W0..W63): far more than any policy the node runs
+MAX_LAYERS = 64
+#: the longest name (class, feature, action, activation) and the longest JSON text (source, weights_error)
+MAX_NAME_CHARS = 4096
+MAX_TEXT_CHARS = 4 << 20
+#: the keys that decide every other array's shape; read first, each at most this many bytes
+SHAPE_KEYS = ("format_version", "dtype", "layer_sizes", "recurrent", "head", "weights")
+SMALL_BYTES = 64 << 10
+_SCALARS = {"format_version": "iu", "dtype": "U", "recurrent": "U", "head": "U", "squash": "b", "source": "U",
+            "train_accuracy": "fiu", "test_accuracy": "fiu", "trainer": "U", "sha256": "U", "weights": "U",
+            "weights_error": "U"}
+_LAYER_KEY = re.compile(r"([Wb])(0|[1-9][0-9]?)")
+_NUMBERS = "fiub"       # what a numeric field may hold before its own check (booleans are refused by that check)
+
+
+def _refuse(label, key, problem, fix="re-export the model with `control-node train` or `control-node import`"):
+    raise ModelFileError(label, key, problem, fix)
+
+
+def _zip_directory_size(f, size, label):
+    """(entries, directory bytes) from the zip's end-of-directory record (zip64 too), without parsing the
+    directory: Python's zipfile builds an object per entry, so a small file of many entries is refused first."""
+    tail_len = min(size, 22 + 0xFFFF)
+    f.seek(size - tail_len)
+    tail = f.read(tail_len)
+    i = tail.rfind(b"PK\x05\x06")
+    if i < 0 or len(tail) < i + 22:
+        _refuse(label, "(file)", "not a readable .npz archive (no zip end-of-directory record)")
+    _, _, _, entries, dir_bytes, dir_at, _ = struct.unpack("<HHHHIIH", tail[i + 4:i + 22])
+    if entries == 0xFFFF or dir_bytes == 0xFFFFFFFF or dir_at == 0xFFFFFFFF:
+        at = size - tail_len + i - 20                  # the zip64 locator sits just before the record
+        if at < 0:
+            _refuse(label, "(file)", "not a readable .npz archive (zip64 locator missing)")
+        f.seek(at)
+        loc = f.read(20)
+        if len(loc) < 20 or loc[:4] != b"PK\x06\x07":
+            _refuse(label, "(file)", "not a readable .npz archive (zip64 locator missing)")
+        (rec_at,) = struct.unpack("<Q", loc[8:16])
+        if rec_at > size - 56:
+            _refuse(label, "(file)", "not a readable .npz archive (zip64 record outside the file)")
+        f.seek(rec_at)
+        rec = f.read(56)
+        if rec[:4] != b"PK\x06\x06":
+            _refuse(label, "(file)", "not a readable .npz archive (zip64 record missing)")
+        entries, dir_bytes = struct.unpack("<QQ", rec[32:48])
+    return entries, dir_bytes
+
+
+class _Entry:
+    """One array of the archive: its zip entry and, once read, its .npy header."""
+
+    def __init__(self, zf, info):
+        self.zf, self.info = zf, info
+        self.stream = None
+        self.shape = self.dtype = self.fortran = None
+
+    def header(self, label, key):
+        from numpy.lib import format as npy
+        try:
+            self.stream = self.zf.open(self.info)
+            version = npy.read_magic(self.stream)
+            if version == (1, 0):
+                self.shape, self.fortran, self.dtype = npy.read_array_header_1_0(self.stream)
+            elif version == (2, 0):
+                self.shape, self.fortran, self.dtype = npy.read_array_header_2_0(self.stream)
+            else:
+                _refuse(label, key, f"is a .npy file of version {version}, this build reads 1.0 and 2.0")
+        except ModelFileError:
+            raise
+        except Exception as e:       # whatever the bytes: one line naming the field, never a traceback
+            _refuse(label, key, f"has no readable .npy header ({type(e).__name__}: {str(e)[:160]})")
+        if any(d < 0 for d in self.shape):
+            _refuse(label, key, f"declares shape {self.shape}")
+        if self.dtype.hasobject or self.dtype.kind not in "fiubU" or self.dtype.fields is not None \
+                or self.dtype.subdtype is not None:
+            _refuse(label, key, f"has dtype {self.dtype.str} ({_kind_name(self.dtype)}); a model file holds plain "
+                    "numbers and text only")
+        return self
+
+    @property
+    def nbytes(self):
+        n = self.dtype.itemsize
+        for d in self.shape:
+            n *= d
+        return n
+
+    def read(self, label, key):
+        """The array, read in 1 MiB pieces into one allocation of the size its (checked) header declares; its
+        zip entry must end exactly there, and its CRC is checked at that end."""
+        try:
+            arr = np.empty(self.shape, dtype=self.dtype, order="F" if self.fortran else "C")
+            flat = (arr.T if self.fortran else arr).reshape(-1).view(np.uint8)
+            at, n = 0, flat.size
+            while at < n:
+                piece = self.stream.read(min(n - at, 1 << 20))
+                if not piece:
+                    _refuse(label, key, f"is cut short: its header declares {self.shape} {self.dtype.str}, "
+                            f"{n} bytes, the file holds {at}")
+                flat[at:at + len(piece)] = np.frombuffer(piece, dtype=np.uint8)
+                at += len(piece)
+            if self.stream.read(1):
+                _refuse(label, key, f"holds more bytes than its header's shape {self.shape} {self.dtype.str}")
+        except ModelFileError:
+            raise
+        except Exception as e:       # a CRC mismatch, a broken deflate stream, an unsupported compression
+            _refuse(label, key, f"cannot be read ({type(e).__name__}: {str(e)[:160]})")
+        finally:
+            self.stream.close()
+        if arr.dtype.byteorder not in "=|":
+            arr = arr.astype(arr.dtype.newbyteorder("="))
+        return arr
+
+
+def _declared(zf, info, label, key, max_bytes):
+    """What a stray entry's .npy header declares, for the refusal (its header only: never its data)."""
+    from control_node.kernels.importers.common import fmt_bytes
+    if not info.filename.endswith(".npy"):
+        return ""
     try:
-        npz = np.load(path, allow_pickle=False)
-        data = {k: npz[k] for k in npz.files}
-    except (zipfile.BadZipFile, OSError, ValueError, EOFError) as e:
-        raise ModelFileError(path, "(file)", f"not a readable .npz archive ({e})",
-                             "re-export the model with `control-node train`") from None
-    version = int(_require(data, path, "format_version"))
+        e = _Entry(zf, info).header(label, key)
+        e.stream.close()
+    except ModelFileError:
+        return ""
+    return (f": an array of shape {e.shape} {e.dtype.str} ({fmt_bytes(e.nbytes)}; the bound for a model file's "
+            f"arrays is {fmt_bytes(max_bytes)}), refused before reading it")
+
+
+def _fits(shape, want, free, key):
+    """Whether an array's shape is the one the format implies (``free``: check_X's rows; a head's unused names)."""
+    if key == "check_X":
+        return len(shape) == 2 and shape[1] == want[1]
+    return shape == want or (free and shape == (0,))
+
+
+def _printable(name):
+    """A name from the file, cut and with control characters replaced, for a one-line message."""
+    return "".join(c if c.isprintable() else "?" for c in name[:80])
+
+
+def _kind_name(dt):
+    if dt.hasobject:
+        return "Python objects: the file would run pickle on load"
+    return {"V": "raw or structured records", "S": "bytes", "c": "complex numbers", "M": "dates",
+            "m": "time deltas", "O": "Python objects"}.get(dt.kind, dt.kind)
+
+
+def _shape_of_scalar(entry, label, key, kinds, max_items):
+    if entry.dtype.kind not in kinds:
+        _refuse(label, key, f"has dtype {entry.dtype.str}, expected {'text' if kinds == 'U' else 'a number'}")
+    if entry.shape != ():
+        _refuse(label, key, f"has shape {entry.shape}, the format holds one value there")
+    if entry.dtype.kind == "U" and entry.dtype.itemsize > 4 * max_items:
+        _refuse(label, key, f"is text of {entry.dtype.itemsize // 4} characters, more than the limit of {max_items}")
+
+
+def _implied(small, label):
+    """key -> (shape, free first dimension) of every array the file may hold, from its shape keys
+    (checked here, with the messages load_model always gave)."""
+    version = small.get("format_version")
+    if version is None:
+        _refuse(label, "format_version", "missing")
+    version = int(version)
     if version not in READS_VERSIONS:
-        raise ModelFileError(path, "format_version", f"is {version}, this build reads {READS_VERSIONS}",
-                             "re-export the model with this version's `control-node train` or `import`")
+        _refuse(label, "format_version", f"is {version}, this build reads {READS_VERSIONS}",
+                "re-export the model with this version's `control-node train` or `import`")
+    sizes = small.get("layer_sizes")
+    if sizes is None:
+        _refuse(label, "layer_sizes", "missing")
+    if sizes.dtype.kind not in "iu":
+        _refuse(label, "layer_sizes", f"has dtype {sizes.dtype}, expected numbers", "re-export the model")
+    if sizes.ndim != 1 or len(sizes) < 2 or (sizes < 1).any():
+        _refuse(label, "layer_sizes", f"is {sizes.tolist()}", "it must list at least [n_features, n_classes], all >= 1")
+    sizes = [int(s) for s in sizes]
+    recurrent = version >= 3
+    if recurrent:
+        kind = small.get("recurrent")
+        if kind is None or str(kind) not in RECURRENT:
+            _refuse(label, "recurrent", f"is {kind!r}", f"a version-3 file holds one of {sorted(RECURRENT)}")
+        if len(sizes) < 3:
+            _refuse(label, "layer_sizes", f"is {sizes}", "a recurrent policy lists [n_features, H, ..., n_outputs]")
+    dense = sizes[1:] if recurrent else sizes
+    if len(dense) - 1 > MAX_LAYERS:
+        _refuse(label, "layer_sizes", f"lists {len(dense) - 1} dense layers, more than the limit of {MAX_LAYERS}")
+    n_in, n_out = sizes[0], sizes[-1]
+    shapes = {key: ((), False) for key in _SCALARS}
+    for i in range(len(dense) - 1):
+        shapes[f"W{i}"] = ((dense[i], dense[i + 1]), False)
+        shapes[f"b{i}"] = ((dense[i + 1],), False)
+    if recurrent:
+        G, H = len(RECURRENT[str(small["recurrent"])]), sizes[1]
+        shapes.update(rnn_W_ih=((G * H, n_in), False), rnn_W_hh=((G * H, H), False), rnn_b_ih=((G * H,), False),
+                      rnn_b_hh=((G * H,), False))
+    for key in ("mean", "scale", "obs_scale", "obs_clip_low", "obs_clip_high", "norm_clip_low", "norm_clip_high",
+                "feature_names"):
+        shapes[key] = ((n_in,), False)
+    for key in ("action_low", "action_high", "action_offset", "action_scale"):
+        shapes[key] = ((n_out,), False)
+    shapes["layer_sizes"] = ((len(sizes),), False)
+    shapes["activations"] = shapes["alphas"] = ((len(dense) - 1,), False)
+    # a head names its outputs in one list and leaves the other empty (v1: classes only)
+    shapes["classes"] = shapes["action_names"] = ((n_out,), True)
+    shapes["check_X"] = ((0, n_in), True)
+    return shapes
+
+
+def read_arrays(source, max_bytes=MAX_FILE_BYTES, label=None) -> dict:
+    """The arrays of a model file (a path, or the bytes of one), each checked against the shape the format
+    implies by its .npy header before it is read, and all of them together against ``max_bytes``.
+
+    Raises :class:`ModelFileError` naming the field, its shape and the bound; never allocates more than
+    ``max_bytes`` plus a few MiB, whatever the bytes (zip bombs, lying headers, object arrays, stray keys)."""
+    from control_node.kernels.importers.common import fmt_bytes
+    label = label or str(source)
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        f = io.BytesIO(source)
+    else:
+        if not os.path.exists(source):
+            _refuse(label, "(file)", "no such file", "train one with `control-node train --out PATH` or pass --model")
+        try:
+            f = open(source, "rb")
+        except OSError as e:
+            _refuse(label, "(file)", f"not a readable .npz archive ({e})")
+    with f:
+        try:
+            size = os.fstat(f.fileno()).st_size if not isinstance(f, io.BytesIO) else len(f.getbuffer())
+        except OSError as e:
+            _refuse(label, "(file)", f"not a readable .npz archive ({e})")
+        # deflate never makes an array larger, and the zip adds ~100 bytes per entry: a larger file is no model
+        if size > max_bytes + MAX_DIRECTORY_BYTES + (1 << 20):
+            _refuse(label, "(file)", f"is {fmt_bytes(size)}, more than the bound of {fmt_bytes(max_bytes)} for a "
+                    "model file's arrays (max_resident_bytes)", "a policy must fit in the node's policy memory "
+                    "([lifecycle] max_resident_mb); re-export the policy or raise the limit")
+        try:
+            entries, dir_bytes = _zip_directory_size(f, size, label)
+            if entries > MAX_ENTRIES or dir_bytes > MAX_DIRECTORY_BYTES:
+                _refuse(label, "(file)", f"its zip directory lists {entries} entries in {fmt_bytes(dir_bytes)}, more "
+                        f"than the {MAX_ENTRIES} entries / {fmt_bytes(MAX_DIRECTORY_BYTES)} a model file may have")
+            zf = zipfile.ZipFile(f)
+        except ModelFileError:
+            raise
+        except Exception as e:
+            _refuse(label, "(file)", f"not a readable .npz archive ({type(e).__name__}: {str(e)[:160]})")
+        with zf:
+            found = {}
+            for info in zf.infolist():
+                name = info.filename
+                key = name[:-4] if name.endswith(".npy") else name
+                if key not in _SCALARS and key not in _KNOWN and not _LAYER_KEY.fullmatch(key):
+                    _refuse(label, _printable(key) or "(empty name)", "is not a field of the model format "
+                            f"(kernels/model_file.py lists them){_declared(zf, info, label, key, max_bytes)}",
+                            "re-export the model; a model file holds only its format's fields")
+                if not name.endswith(".npy"):
+                    _refuse(label, key, f"is stored as {name!r}, not as an .npy array")
+                if key in found:
+                    _refuse(label, key, "appears twice in the archive")
+                found[key] = _Entry(zf, info)
+            small = {}
+            for key in SHAPE_KEYS:
+                if key in found:
+                    e = found[key].header(label, key)
+                    if e.nbytes > SMALL_BYTES:
+                        _refuse(label, key, f"has shape {e.shape} {e.dtype.str} ({fmt_bytes(e.nbytes)}), more than "
+                                f"the {fmt_bytes(SMALL_BYTES)} this field may take")
+                    small[key] = e.read(label, key)
+            shapes = _implied(small, label)
+            arrays = dict(small)
+            total = sum(a.nbytes for a in small.values())
+            for key, entry in found.items():
+                if key in small:
+                    continue
+                if key not in shapes:        # W5 in a file of three layers
+                    _refuse(label, key, "is not a field of a file with these layer_sizes "
+                            f"({small['layer_sizes'].tolist()})", "re-export the model")
+                entry.header(label, key)
+                want, free = shapes[key]
+                if key in _SCALARS:
+                    _shape_of_scalar(entry, label, key, _SCALARS[key], MAX_TEXT_CHARS)
+                elif not _fits(entry.shape, want, free, key):
+                    _refuse(label, key, f"has shape {entry.shape}, layer_sizes implies "
+                            f"{want if key != 'check_X' else ('n',) + want[1:]}", "re-export the model")
+                if entry.dtype.kind == "U" and entry.dtype.itemsize > 4 * MAX_NAME_CHARS and key not in _SCALARS:
+                    _refuse(label, key, f"holds names of up to {entry.dtype.itemsize // 4} characters, more than the "
+                            f"limit of {MAX_NAME_CHARS}")
+                total += entry.nbytes
+                if total > max_bytes:
+                    _refuse(label, key, f"has shape {entry.shape} {entry.dtype.str} ({fmt_bytes(entry.nbytes)}): with "
+                            f"the fields before it, more than the bound of {fmt_bytes(max_bytes)} for a model file's "
+                            "arrays (max_resident_bytes); refused before reading it", "a policy must fit in the node's "
+                            "policy memory ([lifecycle] max_resident_mb); re-export the policy or raise the limit")
+            for key, entry in found.items():
+                if key not in small:
+                    arrays[key] = entry.read(label, key)
+            return arrays
+
+
+#: the array fields of the format (scalars: _SCALARS; dense layers: W<i>, b<i>)
+_KNOWN = frozenset(("layer_sizes", "mean", "scale", "classes", "feature_names", "activations", "alphas", "obs_scale",
+                    "obs_clip_low", "obs_clip_high", "norm_clip_low", "norm_clip_high", "action_names", "action_low",
+                    "action_high", "action_offset", "action_scale", "check_X") + RNN_KEYS)
+
+
+def load_model(path, max_bytes=MAX_FILE_BYTES, label=None) -> ModelSpec:
+    """Read and validate a model file (a path, or its bytes). Raises :class:`ModelFileError` naming the field.
+
+    ``max_bytes``: the bound on its arrays together (:func:`read_arrays`), the node's configured
+    ``[lifecycle] max_resident_mb``; nothing larger is allocated, whatever the file holds."""
+    label = label or str(path)
+    data = read_arrays(path, max_bytes, label)
+    path = label
+    version = int(data["format_version"])      # read_arrays checked it and the shape keys
     dtype = str(_require(data, path, "dtype"))
     if dtype not in DTYPES:
         raise ModelFileError(path, "dtype", f"is {dtype!r}", f"use one of {DTYPES}")
-    sizes = _numeric(data, path, "layer_sizes", kinds="iu")
-    if sizes.ndim != 1 or len(sizes) < 2 or (sizes < 1).any():
-        raise ModelFileError(path, "layer_sizes", f"is {sizes.tolist()}",
-                             "it must list at least [n_features, n_classes], all >= 1")
+    sizes = data["layer_sizes"]
     rnn = {}
     dense = sizes
     if version >= 3:

@@ -15,10 +15,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from control_node.kernels.model_file import MAX_FILE_BYTES
+
 #: the most bytes one tensor of an imported file may take (what the importer materialises is checked
 #: against it before it is allocated): the node's policy memory bound, [lifecycle] max_resident_mb
-#: (control_node/config.py), 256 MiB by default. A policy's weights must fit in it to be resident at all.
-MAX_TENSOR_BYTES = 256 << 20
+#: (control_node/config.py), 256 MiB by default, the same bound as a model file's (model_file.MAX_FILE_BYTES).
+#: A policy's weights must fit in it to be resident at all.
+MAX_TENSOR_BYTES = MAX_FILE_BYTES
 #: all the tensors the importer materialises for one file together: at most this many times the limit
 TOTAL_FACTOR = 4
 
