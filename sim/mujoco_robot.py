@@ -595,8 +595,8 @@ class Score:
     """How a run went, accumulated one :meth:`update` at a time (every ``dt`` seconds).
 
     Fallen: base height below ``min_height`` or tilt (angle of the base's z axis from vertical) above
-    ``max_tilt_rad``. A fall is counted when it starts; the robot is upright again after ``recover_s``
-    seconds out of those bounds. Velocities are compared with the command in the base frame (as the
+    ``max_tilt_rad``. A fall is counted when it starts (a run that starts fallen has not fallen); the robot is
+    upright again after ``recover_s`` seconds out of those bounds. Velocities are compared with the command in the base frame (as the
     policy's observation and the trainers' tracking rewards have them)."""
 
     def __init__(self, dt, min_height=0.15, max_tilt_rad=1.0, recover_s=0.5, joint_names=None):
@@ -606,7 +606,7 @@ class Score:
         self.n = 0
         self.upright_s = 0.0
         self.falls = 0
-        self._fallen, self._ok_s = False, 0.0
+        self._fallen, self._ok_s = None, 0.0     # None: no sample yet (a run that starts lying is no fall)
         self._start_xy = self._last_xy = None
         self.path_m = 0.0
         self._sum_v = np.zeros(3)
@@ -624,7 +624,9 @@ class Score:
         up_z = 1 - 2 * (x * x + y * y)                 # world z of the base's z axis
         tilt = math.acos(max(-1.0, min(1.0, up_z)))
         bad = base_pos[2] < self.min_height or tilt > self.max_tilt_rad
-        if bad:
+        if self._fallen is None:
+            self._fallen = bad
+        elif bad:
             self._ok_s = 0.0
             if not self._fallen:
                 self._fallen = True
