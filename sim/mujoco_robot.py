@@ -421,8 +421,9 @@ class MujocoRobot:
                 self.clipped += int(np.count_nonzero((lim != pd) & self._imp))
                 ctrl = np.where(self._imp, lim, ctrl)
             d.ctrl[self._act_idx] = ctrl
-            # step2 then step1 (= mj_step for Euler/implicit integrators) so that after each step the state's
-            # positions, velocities and pos/vel sensors are current; the accelerometer is the last step's
+            # step2 then step1: bit for bit mj_step's trajectory (tested), but after each step the positions,
+            # velocities and pos/vel sensors (framequat, gyro) are those of the new state, where mj_step leaves
+            # them one step old; the accelerometer is, as with mj_step, the one of the step just taken
             mj.mj_step2(m, d)
             mj.mj_step1(m, d)
             self.steps += 1

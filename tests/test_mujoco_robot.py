@@ -129,6 +129,24 @@ def test_position_and_torque_actuators_both_reach_a_target_angle(tmp_path):
     assert abs(ends["motor"] - ends["position"]) < 1e-3, ends
 
 
+def test_stepping_is_mujocos_mj_step_bit_for_bit_with_current_sensors():
+    r = MujocoRobot()
+    m = mujoco.MjModel.from_xml_path(packaged_quadruped())
+    d = mujoco.MjData(m)
+    mujoco.mj_resetDataKeyframe(m, d, 0)
+    tau = np.tile([0.5, 3.0, -6.0], 4)
+    r.apply(tau)
+    for _ in range(200):
+        d.ctrl[:] = tau
+        mujoco.mj_step(m, d)
+        r.step()
+    assert np.array_equal(d.qpos, r.data.qpos) and np.array_equal(d.qvel, r.data.qvel)
+    np.testing.assert_array_equal(r.signals()["imu_acc"], d.sensordata[7:10])
+    mujoco.mj_forward(m, d)          # mj_step's framequat and gyro are of the state before its last step
+    np.testing.assert_array_equal(r.signals()["imu_quat"], d.sensordata[0:4])
+    np.testing.assert_array_equal(r.signals()["imu_gyro"], d.sensordata[4:7])
+
+
 def test_torques_are_clipped_to_the_effort_limit_and_counted():
     r = MujocoRobot()
     r.apply({"FL_calf_joint": 100.0, "FL_hip_joint": 1.0})
