@@ -36,6 +36,8 @@ STDERR_KEEP = 64 << 10
 #: max_bytes), the kernel's copy of the weights and the proof's buffers
 DATA_FACTOR = 3
 DATA_SLACK = 256 << 20
+#: the child's task name (what /proc and a trace show)
+LOADER_NAME = "cn-loader"
 
 
 class IsolatedLoadError(Exception):
@@ -131,6 +133,11 @@ def main(argv=None) -> int:
     try:
         os.nice(5)
     except OSError:
+        pass
+    try:                # PR_SET_NAME: the name the why-late trace would show, were it ever on the loop's core
+        import ctypes
+        ctypes.CDLL(None).prctl(15, LOADER_NAME.encode(), 0, 0, 0)
+    except (OSError, AttributeError):
         pass
     from control_node.kernels import ConsistencyError, ModelFileError, Policy
     from control_node.kernels.importers import ImportRefused
