@@ -42,6 +42,11 @@ extensions = [
     Extension("control_node.loop._rtloop", ["control_node/loop/_rtloop.pyx"], depends=KERNEL_HEADERS,
               include_dirs=[numpy.get_include(), "kernels", "control_node/loop"],
               extra_compile_args=cflags, define_macros=macros),
+    # the legged deploy units (issue 45): observation recipe and actuator, C headers beside their thin wrapper
+    Extension("control_node.loop._legged", ["control_node/loop/_legged.pyx"],
+              depends=["control_node/loop/obs_terms.h", "control_node/loop/actuator.h"],
+              include_dirs=[numpy.get_include(), "control_node/loop"],
+              extra_compile_args=cflags, define_macros=macros),
     # bench policy / bench recurrent's floor probe (timed read, multiply-add and clock loops): built with the
     # package so that a wheel measures floors without a compiler; its vector copies pick themselves at run time
     Extension("control_node.bench._floor_probe", ["bench/_floor_probe.pyx"], include_dirs=["bench/c"],

@@ -1,0 +1,92 @@
+# cython: language_level=3
+"""The legged deploy units' C level, declared once (``_legged.pyx`` implements them): the observation recipe
+(``obs_terms.h``) and the actuator with its modes (``actuator.h``), each a small cdef class that owns its
+plan's arrays and its preallocated state. Their ``*_ptr`` methods are the nogil entry points the cycle will
+call (nothing allocated, no Python object touched); the Python methods wrap them for tests and tools.
+"""
+from libc.stdint cimport int32_t, int64_t
+
+
+cdef extern from "obs_terms.h" nogil:
+    ctypedef struct cn_obs_plan:
+        int n_terms, n_robot, n_joints, n_cmd, n_act
+        int quat_order, layout, fill, frame_hist
+        int frame_width, out_width
+        int64_t k0
+        double policy_dt
+        const int32_t *terms
+        const int32_t *joint_map
+        const double *q0
+        const double *scale
+        const double *offset
+        const double *lo
+        const double *hi
+        const double *params
+    ctypedef struct cn_obs_signals:
+        const double *joint_pos
+        const double *joint_vel
+        const double *quat
+        const double *gyro
+        const double *acc
+        const double *command
+    ctypedef struct cn_obs_state:
+        double *frame
+        double *hist
+        double *last_action
+        int64_t k
+        int filled
+    void cn_obs_reset(const cn_obs_plan *p, cn_obs_state *s)
+    void cn_obs_note_action(const cn_obs_plan *p, cn_obs_state *s, const double *u)
+    void cn_obs_compute(const cn_obs_plan *p, cn_obs_state *s, const cn_obs_signals *sig, double *out)
+
+
+cdef extern from "actuator.h" nogil:
+    enum: CN_TR_FIELDS
+    enum: CN_O_ROWS
+    ctypedef struct cn_act_plan:
+        int n, n_robot, n_out
+        const int32_t *sens_map
+        const int32_t *out_map
+        const double *j
+        int clip_target, rate_limit, vel_guard, policy_without_stand, stale_hold
+        int64_t period_ns, stale_after_ns, pd_max_age_ns, pd_ramp_ns, stand_ns
+        double stand_tol
+    ctypedef struct cn_act_state:
+        double *q_goal
+        double *q_cmd
+        double *q_start
+        double *q_last
+        double *tau_fresh
+        int64_t *tr
+        int64_t tr_cap, tr_w, tr_r, tr_dropped
+        int mode, stand_done, stand_fresh, have_t_prev
+        int64_t stand_t0, t_prev, cycle
+        int64_t rate_limited, vel_guard_trips, tau_clipped, ramp_ticks, stale_trips, nonfinite_trips, refused
+    void cn_act_reset(const cn_act_plan *p, cn_act_state *s)
+    int cn_act_request(const cn_act_plan *p, cn_act_state *s, int to, int64_t t_ns)
+    int cn_act_tick(const cn_act_plan *p, cn_act_state *s, int64_t t_ns, int64_t frame_age_ns,
+                    const double *q, const double *qd, const double *a, double *out)
+
+
+cdef class ObsTerms:
+    cdef cn_obs_plan p
+    cdef cn_obs_state s
+    cdef object _keep                   # the plan's arrays and the state's buffers the structs point into
+    cdef readonly object plan
+    cdef readonly int out_width, n_robot, n_commands, n_actions
+    cdef int _needs[6]                  # joint_pos, joint_vel, quat, gyro, acc, command: read by a term
+    cdef void compute_ptr(self, const cn_obs_signals *sig, double *out) noexcept nogil
+    cdef void note_action_ptr(self, const double *u) noexcept nogil
+    cdef void reset_ptr(self) noexcept nogil
+
+
+cdef class Actuator:
+    cdef cn_act_plan p
+    cdef cn_act_state s
+    cdef object _keep
+    cdef readonly object plan
+    cdef readonly int n, n_robot, n_out
+    cdef int tick_ptr(self, int64_t t_ns, int64_t frame_age_ns, const double *q, const double *qd,
+                      const double *a, double *out) noexcept nogil
+    cdef int request_ptr(self, int mode, int64_t t_ns) noexcept nogil
+    cdef void reset_ptr(self) noexcept nogil
