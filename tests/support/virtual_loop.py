@@ -88,8 +88,10 @@ class Run:
 def run_virtual(policy, stream: Stream | None = None, *, stalls=(), read_cost_ns=1_000, requests=(),
                 run_until_ns=0, slots=(), rules=None, **config) -> Run:
     """Build an RtLoop with ``LoopConfig(**config)`` (ring large enough never to wrap), put ``slots``
-    ((slot, Policy) pairs) in place, post ``requests`` ((kind name, slot)) one after the other before the
-    run (only the first is pending when it starts: see run_virtual_requests), run it virtually from T0."""
+    ((slot, Policy) pairs) in place, post ``requests`` ((kind name, slot)) before the run, run it virtually
+    from T0. The loop holds one pending request at a time (RtLoop.post_request refuses a second before the
+    first is done), so ``requests`` has at most one: it is taken at the run's first cycle boundary."""
+    assert len(requests) <= 1, "the loop holds one pending request at a time: give at most one"
     config.setdefault("ring_cycles", config["max_cycles"] + 16 if config.get("max_cycles") else 100_000)
     loop = RtLoop(policy, LoopConfig(**config))
     for slot, p in slots:
