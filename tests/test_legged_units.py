@@ -17,7 +17,8 @@ from control_node.loop._legged import Actuator, ObsTerms
 from control_node.loop.legged import (DAMPING, MODES, PASSIVE, POLICY, REQ_NO_STAND, REQ_OK, STAND, WHY_NON_FINITE,
                                       WHY_REQUEST, WHY_STALE, WHY_VELOCITY_GUARD, ActRefState, ObsRefState,
                                       RecipeError, build_actuator_plan, build_obs_plan, build_plans,
-                                      projected_gravity, reference_actuator, reference_obs, reference_request)
+                                      projected_gravity, reference_actuator, reference_non_finite, reference_obs,
+                                      reference_request)
 from support.alloc import bytes_left_by_calls
 
 MS = 1_000_000
@@ -324,7 +325,7 @@ def test_the_quaternion_in_either_order_gives_the_same_gravity():
     np.testing.assert_allclose(xa, [0, -1, 0], atol=1e-15)
 
 
-@settings(max_examples=25, deadline=None, derandomize=True)
+@settings(max_examples=60, deadline=None, derandomize=True)
 @given(data=st.data())
 def test_random_layouts_match_the_reference(data):
     """Random term lists, scales, offsets, clips, history lengths, both layouts and fills, both quaternion
@@ -524,6 +525,15 @@ def test_non_finite_action_goes_to_damping_and_is_never_applied():
     assert tr[-1][2:] == (POLICY, DAMPING, WHY_NON_FINITE)
     assert d.act.counts["non_finite_trips"] == 1
     d.check_counts()
+    # the kernel's own report (act_ptr returned -1, its output garbage): the same rule
+    _stand_up(d)
+    d.request("policy")
+    d.run(3)
+    d.act.report_non_finite(d.t())
+    reference_non_finite(d.ap, d.ra, d.t())
+    assert d.act.mode == DAMPING and d.check_transitions()[-1][2:] == (POLICY, DAMPING, WHY_NON_FINITE)
+    d.run(3)
+    d.check_counts()
 
 
 def test_policy_is_refused_before_stand_completed_unless_configured():
@@ -592,7 +602,7 @@ def test_velocity_guard_goes_to_damping():
     d.check_counts()
 
 
-@settings(max_examples=15, deadline=None, derandomize=True)
+@settings(max_examples=25, deadline=None, derandomize=True)
 @given(seed=st.integers(0, 10_000), rate=st.sampled_from([None, 0.5, 5.0]), clip=st.booleans(),
        hold=st.booleans(), guard=st.sampled_from([None, 8.0]))
 def test_random_schedules_match_the_reference(seed, rate, clip, hold, guard):
@@ -670,6 +680,23 @@ def test_the_quadruped_recipe_adds_up():
     op, ap = build_plans(quadruped_recipe(), n_inputs=225, n_outputs=12)
     assert op.out_width == 225 and ap.n == 12
     assert build_actuator_plan(humanoid_recipe(), 12).n_out == 12
+
+
+def test_the_wrappers_refuse_arrays_of_the_wrong_shape_naming_the_argument():
+    op, ap = build_plans(quadruped_recipe())
+    obs, act = ObsTerms(op), Actuator(ap)
+    sig = Signals(12, 3)
+    with pytest.raises(TypeError, match=r"quat must be .* shape \(4,\)"):
+        obs.compute(sig.joint_pos, sig.joint_vel, np.zeros(3), sig.gyro, sig.acc, sig.command, np.zeros(225))
+    with pytest.raises(TypeError, match=r"out must be .* shape \(225,\)"):
+        obs.compute(*sig.args(), np.zeros(224))
+    with pytest.raises(TypeError, match=r"action must be"):
+        act.tick(T0, 0, sig.joint_pos, sig.joint_vel, np.zeros(12, dtype=np.float32), np.zeros((6, 12)))
+    with pytest.raises(TypeError, match=r"out must be .* shape \(6, 12\)"):
+        act.tick(T0, 0, sig.joint_pos, sig.joint_vel, None, np.zeros((12, 6)))
+    # a signal no term reads may be None
+    op2 = build_obs_plan(dict(quadruped_recipe(), observation={"terms": [{"kind": "joint_pos_rel"}]}))
+    ObsTerms(op2).compute(sig.joint_pos, None, None, None, None, None, np.zeros(12))
 
 
 # ---- allocation -------------------------------------------------------------------------------------------

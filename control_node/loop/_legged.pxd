@@ -64,6 +64,7 @@ cdef extern from "actuator.h" nogil:
         int64_t rate_limited, vel_guard_trips, tau_clipped, ramp_ticks, stale_trips, nonfinite_trips, refused
     void cn_act_reset(const cn_act_plan *p, cn_act_state *s)
     int cn_act_request(const cn_act_plan *p, cn_act_state *s, int to, int64_t t_ns)
+    void cn_act_non_finite(const cn_act_plan *p, cn_act_state *s, int64_t t_ns)
     int cn_act_tick(const cn_act_plan *p, cn_act_state *s, int64_t t_ns, int64_t frame_age_ns,
                     const double *q, const double *qd, const double *a, double *out)
 
@@ -89,4 +90,5 @@ cdef class Actuator:
     cdef int tick_ptr(self, int64_t t_ns, int64_t frame_age_ns, const double *q, const double *qd,
                       const double *a, double *out) noexcept nogil
     cdef int request_ptr(self, int mode, int64_t t_ns) noexcept nogil
+    cdef void non_finite_ptr(self, int64_t t_ns) noexcept nogil
     cdef void reset_ptr(self) noexcept nogil

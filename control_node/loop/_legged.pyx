@@ -168,6 +168,9 @@ cdef class Actuator:
     cdef int request_ptr(self, int mode, int64_t t_ns) noexcept nogil:
         return cn_act_request(&self.p, &self.s, mode, t_ns)
 
+    cdef void non_finite_ptr(self, int64_t t_ns) noexcept nogil:
+        cn_act_non_finite(&self.p, &self.s, t_ns)
+
     cdef void reset_ptr(self) noexcept nogil:
         cn_act_reset(&self.p, &self.s)
 
@@ -191,6 +194,10 @@ cdef class Actuator:
         a completed stand) or REQ_BAD_MODE. Recorded (when it changes the mode) with the next tick's cycle."""
         cdef int m = legged.MODES.index(mode) if isinstance(mode, str) else int(mode)
         return self.request_ptr(m, t_ns)
+
+    def report_non_finite(self, int64_t t_ns):
+        """The policy's output was not finite (its kernel returned -1): damping when in policy mode."""
+        self.non_finite_ptr(t_ns)
 
     def drain_transitions(self):
         """The transitions not read yet, oldest first: a list of (cycle, t_ns, from, to, reason) tuples

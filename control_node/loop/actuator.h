@@ -113,6 +113,14 @@ static inline int cn_act_request(const cn_act_plan *p, cn_act_state *s, int to, 
     return CN_REQ_OK;
 }
 
+/* The policy's kernel reported a non-finite output (Policy.act_ptr returned -1 and its u is garbage, so the
+ * cycle says so here instead of passing u): damping, as for a non-finite action. */
+static inline void cn_act_non_finite(const cn_act_plan *p, cn_act_state *s, int64_t t_ns) {
+    if (s->mode != CN_MODE_POLICY) return;
+    s->nonfinite_trips++;
+    cn_act_enter(p, s, CN_MODE_DAMPING, CN_WHY_NON_FINITE, t_ns);
+}
+
 /* One loop tick. q, qd: the newest frame (robot sensor order), frame_age_ns old; a: the policy's raw action
  * of this tick (n values, policy order) or NULL on a hold tick; out: CN_O_ROWS x n_out. Returns the mode
  * after the tick | CN_ACT_NO_COMMAND (passive: send nothing) | CN_ACT_RAMPING (torque ramping down). */

@@ -613,6 +613,13 @@ def reference_request(plan: ActuatorPlan, st: ActRefState, mode: int, t_ns: int)
     return REQ_OK
 
 
+def reference_non_finite(plan: ActuatorPlan, st: ActRefState, t_ns: int):
+    """The policy's kernel reported a non-finite output: damping when in policy mode."""
+    if st.mode == POLICY:
+        st.counts["non_finite_trips"] += 1
+        _enter(plan, st, DAMPING, WHY_NON_FINITE, t_ns)
+
+
 def reference_actuator(plan: ActuatorPlan, st: ActRefState, t_ns, frame_age_ns, q, qd, action):
     """One loop tick of actuator.h in plain numpy: (out (len(OUT_ROWS), n_out), status)."""
     q_p = np.asarray(q, dtype=np.float64)[plan.sens_map]          # measured, in the policy's order
