@@ -136,10 +136,10 @@ class Signals:
                 "acc": self.acc, "command": self.command}
 
 
-def run_obs(plan, ticks, *, seed=0, reset_at=(), u_max=3.0):
+def run_obs(plan, ticks, *, seed=0, reset_at=(), u_max=3.0, closed_loop=True):
     """``ticks`` policy ticks of the compiled recipe and the reference side by side, a made-up linear policy
     closing the last-action loop; reset (the policy re-entered) at the ticks in ``reset_at``. Returns the
-    compiled observations."""
+    compiled observations. ``closed_loop`` False: actions drawn at random (the same for any layout)."""
     rng = np.random.default_rng(seed)
     obs, ref = ObsTerms(plan), ObsRefState(plan)
     sig = Signals(plan.n_robot, plan.n_cmd)
@@ -154,7 +154,8 @@ def run_obs(plan, ticks, *, seed=0, reset_at=(), u_max=3.0):
         obs.compute(*sig.args(), x)
         want = reference_obs(plan, sig.as_dict(), ref)
         np.testing.assert_allclose(x, want, **TOL, err_msg=f"policy tick {k}")
-        u = u_max * np.tanh(W @ x)        # the raw output (beyond a clip of the term, sometimes)
+        # the raw output (beyond a clip of the term, sometimes)
+        u = u_max * np.tanh(W @ x if closed_loop else rng.normal(size=plan.n_act))
         obs.note_action(u)
         ref.note_action(u)
         got.append(x.copy())
@@ -274,6 +275,20 @@ def test_frame_major_history_filled_with_zeros_and_clipped_after_scale():
                                **TOL)
 
 
+def test_newest_first_history_is_the_oldest_first_one_reversed():
+    """rl_sar's order (observations_history [0, 1, ...]): the same frames, newest first."""
+    r = frame_major_recipe()
+    plans = {}
+    for order in ("oldest_first", "newest_first"):
+        r["observation"]["history"]["order"] = order
+        plans[order] = build_obs_plan(r)
+    a = run_obs(plans["oldest_first"], 6, seed=3, closed_loop=False)
+    b = run_obs(plans["newest_first"], 6, seed=3, closed_loop=False)
+    fw = plans["oldest_first"].frame_width
+    for x, y in zip(a, b):
+        np.testing.assert_array_equal(x.reshape(3, fw)[::-1].reshape(-1), y)
+
+
 def test_robot_joints_in_another_order_are_matched_by_name():
     r = quadruped_recipe()
     plan = build_obs_plan(r)
@@ -363,6 +378,7 @@ def test_random_layouts_match_the_reference(data):
               "observation": {"terms": terms, "quat_order": data.draw(st.sampled_from(["wxyz", "xyzw"])),
                               "n_commands": data.draw(st.integers(1, 4)), "first_tick": data.draw(st.integers(0, 2)),
                               "history": {"layout": layout, "fill": data.draw(st.sampled_from(["first", "zeros"])),
+                                          "order": data.draw(st.sampled_from(["oldest_first", "newest_first"])),
                                           "length": data.draw(st.integers(1, 4)) if layout == "frame" else 1}},
               "actuator": {"kp": 1.0, "kd": 0.1, "tau_max": 1.0}}
     run_obs(build_obs_plan(recipe), 12, seed=data.draw(st.integers(0, 1000)), reset_at={7})

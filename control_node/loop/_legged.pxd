@@ -11,6 +11,7 @@ cdef extern from "obs_terms.h" nogil:
     ctypedef struct cn_obs_plan:
         int n_terms, n_robot, n_joints, n_cmd, n_act
         int quat_order, layout, fill, frame_hist
+        int newest_first
         int frame_width, out_width
         int64_t k0
         double policy_dt

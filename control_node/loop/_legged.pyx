@@ -69,7 +69,7 @@ cdef class ObsTerms:
         p.n_terms, p.n_robot, p.n_joints = terms.shape[0], plan.n_robot, plan.n_joints
         p.n_cmd, p.n_act, p.quat_order, p.layout = plan.n_cmd, plan.n_act, plan.quat_order, plan.layout
         p.fill, p.frame_hist, p.frame_width, p.out_width = plan.fill, plan.frame_hist, plan.frame_width, plan.out_width
-        p.k0, p.policy_dt = plan.k0, plan.policy_dt
+        p.k0, p.policy_dt, p.newest_first = plan.k0, plan.policy_dt, plan.newest_first
         p.terms = <const int32_t *> cnp.PyArray_DATA(terms)
         p.joint_map = <const int32_t *> cnp.PyArray_DATA(jmap)
         p.q0 = <const double *> cnp.PyArray_DATA(dbl[0])

@@ -29,7 +29,7 @@ The recipe (a dict, e.g. read from TOML or a model file's deploy contract)
         "quat_order": "wxyz",           # "wxyz" (MuJoCo, Unitree) or "xyzw" (ROS): required with
                                         #   projected_gravity, never guessed
         "n_commands": 3,                # required with a command term
-        "history": {"layout": "term", "fill": "first", "length": 1},
+        "history": {"layout": "term", "fill": "first", "length": 1, "order": "oldest_first"},
         "clip_stage": "before_scale",   # IsaacLab; "after_scale": legged_gym / rl_sar / humanoid-gym
         "first_tick": 1,                # the gait clock's k on the first policy tick after entry
       },
@@ -58,7 +58,8 @@ Per value, in IsaacLab's order (ObservationManager: func, modifiers, noise, clip
 last two, as legged_gym and rl_sar clip the scaled observation).
 
 History: ``layout`` "term" (IsaacLab, unitree_rl_lab: each term's frames oldest to newest, then the next term)
-or "frame" (humanoid-gym, rl_sar "time": ``length`` whole frames, oldest first); ``fill`` "first" (IsaacLab's
+or "frame" (humanoid-gym, rl_sar "time": ``length`` whole frames); ``order`` "oldest_first" (IsaacLab,
+humanoid-gym) or "newest_first" (rl_sar's ``observations_history: [0, 1, ...]``); ``fill`` "first" (IsaacLab's
 CircularBuffer: the first observation after entry fills every slot) or "zeros".
 
 Modes: passive (no command, zero torque), damping (kp = 0, kd = damping_kd), stand (a linear ramp over
@@ -86,6 +87,7 @@ QUAT_ORDERS = {"wxyz": 0, "xyzw": 1}
 LAYOUTS = {"term": 0, "frame": 1}
 FILLS = {"first": 0, "zeros": 1}
 CLIP_STAGES = {"before_scale": 0, "after_scale": 1}
+ORDERS = {"oldest_first": 0, "newest_first": 1}
 CLOCK_FORMS = {"sin_cos": 0, "two_leg": 1}
 # obs_terms.h's term table columns
 T_KIND, T_WIDTH, T_HIST, T_ELEM, T_PARAM, T_CLIP_STAGE, T_FORM, T_OUT, TERM_FIELDS = range(9)
@@ -217,6 +219,7 @@ class ObsPlan:
     out_width: int
     k0: int
     policy_dt: float
+    newest_first: int = 0
     specs: list = field(default_factory=list)     # per term: a dict of its kind name, width, history, params
     uses: frozenset = frozenset()                   # the signals the terms read
 
@@ -269,7 +272,8 @@ def build_obs_plan(recipe: dict, n_inputs: int | None = None) -> ObsPlan:
     hist = ob.get("history", {})
     if not isinstance(hist, dict):
         raise RecipeError("observation.history", "is not a table", "give layout / fill / length")
-    _no_unknown(hist, {"layout", "fill", "length"}, "observation.history")
+    _no_unknown(hist, {"layout", "fill", "length", "order"}, "observation.history")
+    newest_first = _choice(hist.get("order"), ORDERS, "observation.history.order", "oldest_first")
     layout = _choice(hist.get("layout"), LAYOUTS, "observation.history.layout", "term")
     fill = _choice(hist.get("fill"), FILLS, "observation.history.fill", "first")
     frame_hist = _number(hist.get("length", 1), "observation.history.length", lo=1, integer=True)
@@ -380,7 +384,7 @@ def build_obs_plan(recipe: dict, n_inputs: int | None = None) -> ObsPlan:
                    hi=np.concatenate(hi), params=np.asarray(params + [0.0], np.float64), n_robot=len(robot),
                    n_joints=nj, n_cmd=n_cmd, n_act=n_act, quat_order=quat_order, layout=layout, fill=fill,
                    frame_hist=frame_hist, frame_width=frame_width, out_width=out_width, k0=k0, policy_dt=dt,
-                   specs=specs, uses=frozenset(uses))
+                   newest_first=newest_first, specs=specs, uses=frozenset(uses))
 
 
 # ---- the actuator plan ------------------------------------------------------------------------------------
@@ -541,6 +545,11 @@ def _fill(v, h, fill):
         [np.zeros_like(v) for _ in range(h - 1)] + [v.copy()]
 
 
+def _ordered(plan, frames):
+    """The frames (kept oldest first) in the plan's history order."""
+    return frames[::-1] if plan.newest_first else frames
+
+
 def reference_obs(plan: ObsPlan, signals: dict, state: ObsRefState) -> np.ndarray:
     """One policy tick of obs_terms.h in plain numpy: the policy input; advances ``state``."""
     frame = []
@@ -559,7 +568,7 @@ def reference_obs(plan: ObsPlan, signals: dict, state: ObsRefState) -> np.ndarra
             for frames, v in zip(state.history, frame):
                 frames.pop(0)
                 frames.append(v)
-        out = np.concatenate([f for frames in state.history for f in frames])
+        out = np.concatenate([f for frames in state.history for f in _ordered(plan, frames)])
     else:
         whole = np.concatenate(frame)
         if state.history is None:
@@ -567,7 +576,7 @@ def reference_obs(plan: ObsPlan, signals: dict, state: ObsRefState) -> np.ndarra
         else:
             state.history.pop(0)
             state.history.append(whole)
-        out = np.concatenate(state.history)
+        out = np.concatenate(_ordered(plan, state.history))
     state.k += 1
     return out
 

@@ -56,6 +56,7 @@ enum {
 typedef struct {
     int n_terms, n_robot, n_joints, n_cmd, n_act;
     int quat_order, layout, fill, frame_hist;
+    int newest_first;           /* history order: 0 oldest first (IsaacLab, humanoid-gym), 1 newest first (rl_sar) */
     int frame_width, out_width;
     int64_t k0;                 /* the gait clock's first tick after a reset (1: legged_gym, IsaacLab) */
     double policy_dt;
@@ -150,19 +151,23 @@ static inline void cn_obs_raw(const cn_obs_plan *p, const cn_obs_state *s, const
 
 static inline double cn_obs_clip(double v, double lo, double hi) { return v < lo ? lo : (v > hi ? hi : v); }
 
-/* Append one frame-sized block to a history block of h slots (oldest first); the first after a reset fills. */
-static inline void cn_obs_push(double *block, const double *v, int w, int h, int filled, int fill) {
+/* Add one w-value frame to a history block of h slots, the newest last (or first: newest_first); the first
+ * frame after a reset fills every slot with itself or leaves the older ones zero. */
+static inline void cn_obs_push(double *block, const double *v, int w, int h, int filled, int fill, int newest_first) {
     const size_t wb = sizeof(double) * (size_t)w;
+    double *newest = newest_first ? block : block + (size_t)(h - 1) * w;
+    double *older = newest_first ? block + w : block;
     int j;
     if (filled) {
-        memmove(block, block + w, wb * (size_t)(h - 1));
+        if (newest_first) memmove(block + w, block, wb * (size_t)(h - 1));
+        else memmove(block, block + w, wb * (size_t)(h - 1));
     } else {
         for (j = 0; j < h - 1; j++) {
-            if (fill == CN_FILL_FIRST) memcpy(block + (size_t)j * w, v, wb);
-            else memset(block + (size_t)j * w, 0, wb);
+            if (fill == CN_FILL_FIRST) memcpy(older + (size_t)j * w, v, wb);
+            else memset(older + (size_t)j * w, 0, wb);
         }
     }
-    memcpy(block + (size_t)(h - 1) * w, v, wb);
+    memcpy(newest, v, wb);
 }
 
 /* One policy tick: out (out_width) = the policy input; advances the gait clock and the history. */
@@ -180,10 +185,10 @@ static inline void cn_obs_compute(const cn_obs_plan *p, cn_obs_state *s, const c
             s->frame[j] = x;
         }
         if (p->layout == CN_HIST_TERM_MAJOR)
-            cn_obs_push(s->hist + t[CN_T_OUT], v, w, t[CN_T_HIST], s->filled, p->fill);
+            cn_obs_push(s->hist + t[CN_T_OUT], v, w, t[CN_T_HIST], s->filled, p->fill, p->newest_first);
     }
     if (p->layout == CN_HIST_FRAME_MAJOR)
-        cn_obs_push(s->hist, s->frame, p->frame_width, p->frame_hist, s->filled, p->fill);
+        cn_obs_push(s->hist, s->frame, p->frame_width, p->frame_hist, s->filled, p->fill, p->newest_first);
     s->filled = 1;
     s->k++;
     memcpy(out, s->hist, sizeof(double) * (size_t)p->out_width);
