@@ -384,6 +384,15 @@ _LAYER_KEY = re.compile(r"([Wb])(0|[1-9][0-9]?)")
 _NUMBERS = "fiub"       # what a numeric field may hold before its own check (booleans are refused by that check)
 
 
+def fmt_bytes(n) -> str:
+    """``n`` bytes for a message: exact below 1 MiB, else in MiB / GiB / TiB / PiB."""
+    n = int(n)
+    for unit, k in (("EiB", 60), ("PiB", 50), ("TiB", 40), ("GiB", 30), ("MiB", 20)):
+        if n >= 1 << k:
+            return f"{n / (1 << k):.4g} {unit}"
+    return f"{n} bytes"
+
+
 def _refuse(label, key, problem, fix="re-export the model with `control-node train` or `control-node import`"):
     raise ModelFileError(label, key, problem, fix)
 
@@ -484,7 +493,6 @@ class _Entry:
 
 def _declared(zf, info, label, key, max_bytes):
     """What a stray entry's .npy header declares, for the refusal (its header only: never its data)."""
-    from control_node.kernels.importers.common import fmt_bytes
     if not info.filename.endswith(".npy"):
         return ""
     try:
@@ -580,7 +588,6 @@ def read_arrays(source, max_bytes=MAX_FILE_BYTES, label=None) -> dict:
 
     Raises :class:`ModelFileError` naming the field, its shape and the bound; never allocates more than
     ``max_bytes`` plus a few MiB, whatever the bytes (zip bombs, lying headers, object arrays, stray keys)."""
-    from control_node.kernels.importers.common import fmt_bytes
     label = label or str(source)
     if isinstance(source, (bytes, bytearray, memoryview)):
         f = io.BytesIO(source)

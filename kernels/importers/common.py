@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from control_node.kernels.model_file import MAX_FILE_BYTES
+from control_node.kernels.model_file import MAX_FILE_BYTES, fmt_bytes  # noqa: F401  (one definition: there)
 
 #: the most bytes one tensor of an imported file may take (what the importer materialises is checked
 #: against it before it is allocated): the node's policy memory bound, [lifecycle] max_resident_mb
@@ -36,15 +36,6 @@ def exc_text(e, limit=200) -> str:
     msg = one_line(e)
     text = f"{type(e).__name__}: {msg}" if msg else type(e).__name__
     return text if len(text) <= limit else text[:limit - 3].rstrip() + "..."
-
-
-def fmt_bytes(n) -> str:
-    """``n`` bytes for a message: exact below 1 MiB, else in MiB / GiB / TiB / PiB."""
-    n = int(n)
-    for unit, k in (("EiB", 60), ("PiB", 50), ("TiB", 40), ("GiB", 30), ("MiB", 20)):
-        if n >= 1 << k:
-            return f"{n / (1 << k):.4g} {unit}"
-    return f"{n} bytes"
 
 
 class ImportRefused(ValueError):
