@@ -14,6 +14,9 @@ from control_node import rundir
 from control_node.lifecycle import PolicyClient
 
 
+RANDOM_SLACK = 2
+
+
 def _vm_hwm(pid):
     with open(f"/proc/{pid}/status") as f:
         return next(int(ln.split()[1]) * 1024 for ln in f if ln.startswith("VmHWM:"))
@@ -34,24 +37,25 @@ def _misses(arrays, causes, t0, t1):
 def test_a_bomb_loaded_into_a_running_node_is_refused_and_the_loop_keeps_its_deadlines(
         tmp_path, continuous_f64_model_path, iris_model_path):
     """The node runs its 1 kHz loop with no sensor attached (as in the issue: 800 misses in 25 s, the control
-    endpoint silent for 10 s). For 2.5 s nothing is loaded, then for 2.5 s the bomb is loaded back to back.
+    endpoint silent for 10 s). For 3 s nothing is loaded, then for 3 s the bomb is loaded back to back.
     Each load is refused by the loader process (load_failed, the field, its shape and the bound) in well under
-    the control client's timeout; the node's peak RSS does not grow by 64 MiB; and the loop misses no more
-    deadlines while the loads are refused than in the quiet window before, counting as the node's own
-    why-late attribution does (a miss it names for the hypervisor, a host stall, is the host's)."""
+    the control client's timeout; the node's peak RSS does not grow by 64 MiB; no late cycle is named for the
+    load's work; and the loop misses no more deadlines while the loads are refused than in the quiet window
+    before (beside RANDOM_SLACK), counting as the node's own why-late attribution does (a miss it names for the
+    hypervisor, a host stall, is the host's)."""
     bomb = str(tmp_path / "bomb.npz")
     write_bomb(bomb, iris_model_path)
     node, cfg = start_node(tmp_path, continuous_f64_model_path, extra="[watchdog]\nstale_after_ms = 100.0\n",
-                           args=("--duration", "7"), spin_us=None, attribution=True)
+                           args=("--duration", "8"), spin_us=None, attribution=True)
     client = PolicyClient(node.endpoints["control"], timeout=30.0)
     replies, spans = [], []
     try:
         assert client.request({"op": "status"})["ok"]
         hwm0 = _vm_hwm(node.proc.pid)
         t_q0 = time.monotonic_ns()
-        time.sleep(2.5)
+        time.sleep(3.0)
         t_l0 = time.monotonic_ns()
-        while time.monotonic_ns() - t_l0 < 2.5e9:
+        while time.monotonic_ns() - t_l0 < 3e9:
             a = time.monotonic_ns()
             replies.append(client.request({"op": "load", "name": f"bomb{len(replies)}", "path": bomb}))
             spans.append((a, time.monotonic_ns()))
@@ -79,5 +83,10 @@ def test_a_bomb_loaded_into_a_running_node_is_refused_and_the_loop_keeps_its_dea
     named = {causes.get(c) for c in loads}
     print(f"{len(replies)} refused loads, {min(took):.3f}-{max(took):.3f} s each; misses quiet {len(quiet)} "
           f"({len(quiet_host)} host), during loads {len(loads)} ({len(loads_host)} host), named {named}")
-    assert not any(str(c).endswith("cn-loader") or str(c).endswith("cn-lifecycle") for c in named), named
-    assert len(loads) - len(loads_host) <= len(quiet) - len(quiet_host), (quiet, loads, w["text"])
+    # the load's own work is never what made a cycle late: the loader, the lifecycle thread, page faults
+    assert not any(str(c).endswith(("cn-loader", "cn-lifecycle")) or str(c).startswith("page faults")
+                   for c in named), named
+    # and the loads cost no deadlines: at most as many as the quiet window, beside RANDOM_SLACK misses a task of
+    # the host's own can make in either window (one run, machine to itself: a kworker once took the loop's core
+    # during the loads). Reading the bomb in the node missed 800 deadlines in 25 s, ~80 in such a window.
+    assert len(loads) - len(loads_host) <= len(quiet) - len(quiet_host) + RANDOM_SLACK, (quiet, loads, w["text"])
