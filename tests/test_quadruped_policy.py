@@ -1,0 +1,73 @@
+"""The walking policy shipped beside its script (train/quadruped_policy.onnx): it walks in real MuJoCo, its ONNX
+carries the deploy contract, and it imports through the project's importer with the kernel proved against
+onnxruntime. Behaviour checks on a deterministic simulation, no timing."""
+import numpy as np
+import pytest
+
+pytest.importorskip("mujoco", reason="mujoco is not installed: pip install -e '.[mujoco]'")
+onnx = pytest.importorskip("onnx", reason="onnx is not installed")
+pytest.importorskip("onnxruntime", reason="onnxruntime is not installed: pip install -e '.[onnx]'")
+
+from control_node.sim.mujoco_robot import MujocoRobot  # noqa: E402
+from control_node.train import quadruped as Q  # noqa: E402
+
+CONTRACT = ("joint_names", "joint_stiffness", "joint_damping", "default_joint_pos", "action_scale",
+            "observation_names", "command_names", "policy_dt", "gait_period")
+
+
+def floats(s):
+    return [float(v) for v in s.split(",")]
+
+
+def test_the_shipped_policy_walks_10_s_at_0_4_m_s_without_falling():
+    s = Q.evaluate(Q.SHIPPED, seconds=10.0, command_schedule="0:0.4")
+    assert s["falls"] == 0 and s["time_upright_s"] == pytest.approx(10.0), s
+    assert 0.2 <= s["mean_velocity"]["vx"] <= 0.6, s["mean_velocity"]
+    assert s["distance_m"] > 2.0, s
+    # the simulation is deterministic: the same run gives the same figures
+    assert Q.evaluate(Q.SHIPPED, seconds=1.0, command_schedule="0:0.4") == \
+        Q.evaluate(Q.SHIPPED, seconds=1.0, command_schedule="0:0.4")
+
+
+def test_the_onnx_metadata_holds_the_deploy_contract():
+    model = onnx.load(Q.SHIPPED)
+    meta = {p.key: p.value for p in model.metadata_props}
+    assert set(CONTRACT) <= set(meta), sorted(set(CONTRACT) - set(meta))
+    robot = MujocoRobot()
+    assert meta["joint_names"].split(",") == robot.commanded == Q.JOINT_NAMES
+    np.testing.assert_allclose(floats(meta["default_joint_pos"]), robot.keyframe_joint_pos("home"), atol=1e-6)
+    cfg = Q.GaitConfig()
+    assert floats(meta["action_scale"]) == [cfg.action_scale] * 12 == [0.25] * 12
+    assert floats(meta["joint_stiffness"]) == [cfg.kp] * 12 and floats(meta["joint_damping"]) == [cfg.kd] * 12
+    assert meta["observation_names"].split(",") == [name for name, _ in Q.OBS_TERMS]
+    assert sum(map(int, meta["observation_dims"].split(","))) == Q.N_OBS == 47
+    assert float(meta["policy_dt"]) == 0.02 and float(meta["gait_period"]) == cfg.period
+    assert meta["quat_order"] == "wxyz"
+    # the graph's input and output match the contract
+    inp, out = model.graph.input[0], model.graph.output[0]
+    assert [d.dim_value for d in inp.type.tensor_type.shape.dim] == [1, 47]
+    assert [d.dim_value for d in out.type.tensor_type.shape.dim] == [1, 12]
+
+
+def test_the_shipped_onnx_imports_and_the_kernel_answers_as_onnxruntime_does():
+    from control_node.kernels import Policy
+    from control_node.kernels.importers import import_policy
+    # observations from a real closed-loop walk, so the proof covers the states the policy meets
+    seen = []
+    run = Q.onnx_policy(Q.SHIPPED)
+
+    def record(obs):
+        seen.append(np.array(obs))
+        return run(obs)
+    Q.evaluate(record, seconds=2.0, command_schedule="0:0.4,1:0.3@0.5")
+    X = np.array(seen)
+    spec, proof = import_policy(Q.SHIPPED, check_X=X, kernel=Policy)
+    assert proof["first_bad"] is None and proof["samples"] >= len(X)
+    assert isinstance(proof["kernel"], dict) and proof["kernel"]["samples"] >= len(X), proof["kernel"]
+    assert spec.action_names == Q.JOINT_NAMES and spec.layer_sizes == [47, 256, 128, 12]
+    # the compiled kernel's raw actions equal onnxruntime's within the importer's tolerance
+    policy = Policy(spec)
+    want = np.array([run(x) for x in X])
+    got = np.array([policy.act(np.ascontiguousarray(x, dtype=np.float64)) for x in X])
+    tol = 2e-4 * np.maximum(1.0, np.abs(want).max(axis=1, keepdims=True))
+    assert (np.abs(got - want) <= tol).all(), np.abs(got - want).max()
