@@ -510,11 +510,15 @@ def onnx_policy(path):
     return act
 
 
-def evaluate(policy=SHIPPED, seconds=20.0, command_schedule="0:0.4", cfg=None, push=None):
+def evaluate(policy=SHIPPED, seconds=20.0, command_schedule="0:0.4", cfg=None, push=None, stand_s=0.0,
+             latency_steps=0):
     """The student closed loop in MuJoCo through :class:`MujocoRobot`: from "home", the policy at 50 Hz (k from
     1, last action zero), PD at physics rate, Score updated every physics step. ``policy``: an .onnx path or a
     callable obs -> raw action. ``command_schedule``: a CommandSchedule, its text ("0:0.4,10:0.4@0.5") or a
-    (vx, vy, yaw_rate) tuple. ``push``: optional (time_s, (dvx, dvy, dvz)). Returns Score.summary()."""
+    (vx, vy, yaw_rate) tuple. ``push``: optional (time_s, (dvx, dvy, dvz)), time from the policy's start.
+    ``stand_s`` > 0: start lying on the "crouch" keyframe and stand up first (StandController's 1 s ramp to
+    "home", kp 80, kd 2, held for stand_s in all), as the demo does; not scored. ``latency_steps``: commands take
+    effect that many physics steps late. Returns Score.summary() of the policy's ``seconds``."""
     from control_node.sim.mujoco_robot import CommandSchedule
     cfg = cfg or GaitConfig()
     act = onnx_policy(policy) if isinstance(policy, (str, os.PathLike)) else policy
@@ -525,15 +529,23 @@ def evaluate(policy=SHIPPED, seconds=20.0, command_schedule="0:0.4", cfg=None, p
     else:
         c = tuple(float(v) for v in command_schedule)
         sched = lambda t: c      # noqa: E731
-    robot = MujocoRobot()
+    robot = MujocoRobot(latency_steps=latency_steps)
     q0 = robot.keyframe_joint_pos("home")
-    score = robot.score()
     dec = int(round(cfg.policy_dt / robot.dt))
+    if stand_s > 0:
+        from control_node.sim.stand_controller import StandController
+        robot.reset("crouch")
+        stand = StandController(robot, duration_s=min(1.0, stand_s))
+        for _ in range(int(round(stand_s / cfg.policy_dt))):
+            robot.apply(stand.command(robot.time))
+            robot.step(dec)
+    t0 = robot.time
+    score = robot.score()
     last = np.zeros(N_ACT)
     for k in range(1, int(round(seconds / cfg.policy_dt)) + 1):
-        if push is not None and abs(robot.time - push[0]) < 0.5 * cfg.policy_dt:
+        if push is not None and abs(robot.time - t0 - push[0]) < 0.5 * cfg.policy_dt:
             robot.push(dv=push[1])
-        cmd = tuple(sched(robot.time))
+        cmd = tuple(sched(robot.time - t0))
         a = np.asarray(act(observation(robot.signals(), cmd, last, k, cfg, q0)), dtype=np.float64)
         robot.apply(Impedance(q=q0 + cfg.action_scale * a, kp=cfg.kp, kd=cfg.kd))
         for _ in range(dec):
