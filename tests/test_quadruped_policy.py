@@ -71,3 +71,21 @@ def test_the_shipped_onnx_imports_and_the_kernel_answers_as_onnxruntime_does():
     got = np.array([policy.act(np.ascontiguousarray(x, dtype=np.float64)) for x in X])
     tol = 2e-4 * np.maximum(1.0, np.abs(want).max(axis=1, keepdims=True))
     assert (np.abs(got - want) <= tol).all(), np.abs(got - want).max()
+
+
+def test_the_experts_leg_kinematics_match_mujocos():
+    import mujoco
+    robot = MujocoRobot()
+    geo = Q.LegGeometry(robot)
+    m, d = robot.model, robot.data
+    feet = [mujoco.mj_name2id(m, mujoco.mjtObj.mjOBJ_GEOM, f"{leg}_foot") for leg in Q.LEGS]
+    rng = np.random.default_rng(0)
+    home = robot.keyframe_joint_pos("home").reshape(4, 3)
+    for _ in range(5):
+        q = home + rng.uniform(-0.3, 0.3, home.shape)
+        d.qpos[robot._qadr] = q.reshape(-1)
+        mujoco.mj_forward(m, d)
+        R = d.xmat[robot.base_body].reshape(3, 3)
+        got = np.array([R.T @ (d.geom_xpos[f] - d.xpos[robot.base_body]) for f in feet]) - geo.hip_pos
+        np.testing.assert_allclose(geo.fk(q), got, atol=1e-9)
+        np.testing.assert_allclose(geo.ik(geo.fk(q)), q, atol=1e-6)

@@ -1,7 +1,7 @@
 """A velocity-tracking walking policy for the packaged quadruped (sim/models/quadruped.xml), made here.
 
 Run: ``python -m control_node.train.quadruped [--out train/quadruped_policy.onnx] [--minutes 45] [--seed 0]``
-(about 10 minutes on 2 cores; deterministic for a seed). ``evaluate(policy, seconds, command_schedule)`` scores
+(about 6 minutes on 2 cores; deterministic for a seed). ``evaluate(policy, seconds, command_schedule)`` scores
 an .onnx file or a callable closed loop in MuJoCo and returns ``Score.summary()``.
 
 Method: DAgger distillation of a gait controller, not PPO. On this 2-core machine PPO from scratch would need
