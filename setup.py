@@ -36,15 +36,18 @@ shutil.copyfile(os.path.join("kernels", "_policy.pxd"), os.path.join(_pkg, "_pol
 # the kernel's C: a change to any of them rebuilds both extensions (mlp_body.h: the vector body, included once
 # per (dtype, ISA) copy by mlp_core.h)
 KERNEL_HEADERS = ["kernels/mlp_core.h", "kernels/mlp_body.h", "kernels/vmath.h"]
+# the legged units' C and their declarations (the loop cimports _legged.pxd: a change rebuilds both)
+LEGGED_HEADERS = ["control_node/loop/obs_terms.h", "control_node/loop/actuator.h", "control_node/loop/_legged.pxd"]
 extensions = [
     Extension("control_node.kernels._policy", ["kernels/_policy.pyx"], depends=KERNEL_HEADERS,
               include_dirs=[numpy.get_include(), "kernels"], extra_compile_args=cflags, define_macros=macros),
-    Extension("control_node.loop._rtloop", ["control_node/loop/_rtloop.pyx"], depends=KERNEL_HEADERS,
+    Extension("control_node.loop._rtloop", ["control_node/loop/_rtloop.pyx"],
+              depends=KERNEL_HEADERS + LEGGED_HEADERS,
               include_dirs=[numpy.get_include(), "kernels", "control_node/loop"],
               extra_compile_args=cflags, define_macros=macros),
     # the legged deploy units (issue 45): observation recipe and actuator, C headers beside their thin wrapper
     Extension("control_node.loop._legged", ["control_node/loop/_legged.pyx"],
-              depends=["control_node/loop/obs_terms.h", "control_node/loop/actuator.h"],
+              depends=LEGGED_HEADERS,
               include_dirs=[numpy.get_include(), "control_node/loop"],
               extra_compile_args=cflags, define_macros=macros),
     # bench policy / bench recurrent's floor probe (timed read, multiply-add and clock loops): built with the

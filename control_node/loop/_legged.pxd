@@ -4,7 +4,7 @@
 plan's arrays and its preallocated state. Their ``*_ptr`` methods are the nogil entry points the cycle will
 call (nothing allocated, no Python object touched); the Python methods wrap them for tests and tools.
 """
-from libc.stdint cimport int32_t, int64_t
+from libc.stdint cimport int8_t, int32_t, int64_t
 
 
 cdef extern from "obs_terms.h" nogil:
@@ -44,6 +44,11 @@ cdef extern from "obs_terms.h" nogil:
 cdef extern from "actuator.h" nogil:
     enum: CN_TR_FIELDS
     enum: CN_O_ROWS
+    enum: CN_MODE_POLICY_ "CN_MODE_POLICY"
+    enum: CN_REQ_NO_STAND_ "CN_REQ_NO_STAND"
+    enum: CN_ACT_NO_COMMAND_ "CN_ACT_NO_COMMAND"
+    enum: CN_O_Q_ "CN_O_Q"
+    enum: CN_O_TAU_ "CN_O_TAU"
     ctypedef struct cn_act_plan:
         int n, n_robot, n_out
         const int32_t *sens_map
@@ -93,3 +98,34 @@ cdef class Actuator:
     cdef int request_ptr(self, int mode, int64_t t_ns) noexcept nogil
     cdef void non_finite_ptr(self, int64_t t_ns) noexcept nogil
     cdef void reset_ptr(self) noexcept nogil
+
+
+cdef class LeggedCycle:
+    cdef readonly ObsTerms obs
+    cdef readonly Actuator act
+    cdef readonly object output, mode_ring
+    cdef readonly int out_kind, frame_width, pub_width, n_robot, n_cmd
+    cdef int off_q, off_qd, off_quat, off_gyro, off_acc, off_cmd
+    cdef cn_obs_signals sig
+    cdef const double *frame
+    cdef double *x_in                   # the policy's input (obs.out_width)
+    cdef double *cmd                    # the actuator's rows (CN_O_ROWS x n_out)
+    cdef double *pub                    # the published command (pub_width)
+    cdef int8_t *r_mode                 # the mode of each cycle (a ring of capacity)
+    cdef readonly int64_t capacity, no_command
+    cdef int64_t req_seq, done_seq      # the mode mailbox (control thread -> loop, release/acquire)
+    cdef int req_mode, req_result
+    cdef int64_t *seq_cycle             # the sequence: modes at chosen cycles (set_sequence)
+    cdef int32_t *seq_mode
+    cdef readonly int64_t seq_n, seq_i
+    cdef object _seq
+    cdef readonly int status
+    cdef object _keep
+    cdef void bind(self, const double *frame) noexcept nogil
+    cdef bint take_request(self, int64_t t_ns, int64_t cycle) noexcept nogil
+    cdef bint in_policy(self) noexcept nogil
+    cdef double *input(self) noexcept nogil
+    cdef void took(self, const double *u) noexcept nogil
+    cdef void non_finite(self, int64_t t_ns) noexcept nogil
+    cdef const double *tick(self, int64_t t_ns, int64_t frame_age_ns, const double *a, int64_t cycle) noexcept nogil
+    cdef bint send_nothing(self) noexcept nogil

@@ -9,11 +9,17 @@ allocation: nothing but pointer reads on the success path), then run the C unit 
 import numpy as np
 
 cimport numpy as cnp
-from libc.stdint cimport int32_t, int64_t
+from libc.stdint cimport int8_t, int32_t, int64_t
+from libc.string cimport memcpy
 
 from control_node.loop import legged
 
 cnp.import_array()
+
+
+cdef extern from "cn_sync.h" nogil:
+    int64_t cn_load_acquire(const int64_t *p)
+    void cn_store_release(int64_t *p, int64_t v)
 
 _SIGNAL_NAMES = ("joint_pos", "joint_vel", "quat", "gyro", "acc", "command")
 
@@ -225,3 +231,163 @@ cdef class Actuator:
                 "tau_clipped": self.s.tau_clipped, "pd_ramp_ticks": self.s.ramp_ticks,
                 "stale_trips": self.s.stale_trips, "non_finite_trips": self.s.nonfinite_trips,
                 "refused": self.s.refused, "transitions_dropped": self.s.tr_dropped}
+
+
+cdef class LeggedCycle:
+    """The legged deploy path of one node, as the loop's cycle calls it (``_rtloop.pyx``): the frame is the
+    robot's named raw signals (``legged.frame_layout``), the observation recipe builds the policy's input from
+    them on each policy tick, and the actuator turns the held action into the published command every tick.
+
+    ``output``: what is published each tick (``legged.OUTPUTS``): "torque" (tau, actuator order), "position"
+    (q*), or "impedance" (q*, qd*, kp, kd, tau_ff: 5 rows of the actuators). Mode requests come from the
+    control thread through a one-entry mailbox (release/acquire, as the loop's policy mailbox) and are taken
+    at the start of a cycle; the mode of every cycle is kept in a ring of ``capacity`` cycles."""
+
+    def __cinit__(self, obs_plan, act_plan, output="torque", int64_t capacity=100_000, start_mode="passive"):
+        if output not in legged.OUTPUTS:
+            raise ValueError(f"output {output!r}: use one of {', '.join(legged.OUTPUTS)}")
+        if obs_plan.n_act != act_plan.n or obs_plan.n_robot != act_plan.n_robot:
+            raise ValueError("the observation and actuator plans are of different recipes")
+        self.obs = ObsTerms(obs_plan)
+        self.act = Actuator(act_plan)
+        self.output = output
+        self.out_kind = legged.OUTPUTS.index(output)
+        layout = legged.frame_layout(obs_plan)
+        off = {name: o for name, o, _ in layout}
+        self.frame_width = sum(w for _, _, w in layout)
+        self.off_q, self.off_qd, self.off_quat = off["joint_pos"], off["joint_vel"], off["imu_quat"]
+        self.off_gyro, self.off_acc, self.off_cmd = off["imu_gyro"], off["imu_acc"], off["command"]
+        self.n_robot, self.n_cmd = obs_plan.n_robot, obs_plan.n_cmd
+        cdef int n_out = act_plan.n_out
+        cdef int ow = self.obs.out_width
+        self.pub_width = legged.OUTPUT_ROWS[output] * n_out
+        bufs = np.zeros(self.obs.out_width + CN_O_ROWS * n_out + self.pub_width + self.frame_width)
+        self.capacity = max(capacity, 1)
+        modes = np.zeros(self.capacity, dtype=np.int8)
+        self._keep = (bufs, modes)
+        self.x_in = <double *> cnp.PyArray_DATA(bufs)
+        self.cmd = self.x_in + ow
+        self.pub = self.cmd + CN_O_ROWS * n_out
+        self.bind(self.pub + self.pub_width)       # a zero frame until the loop binds its own
+        self.r_mode = <int8_t *> cnp.PyArray_DATA(modes)
+        self.mode_ring = modes
+        self.req_seq = self.done_seq = 0
+        self.req_mode = self.req_result = 0
+        self.status = 0
+        self.no_command = 0
+        self.set_sequence([])
+        if start_mode != "passive":
+            rc = self.act.request_mode(start_mode, 0)
+            if rc != legged.REQ_OK:
+                raise ValueError(f"start mode {start_mode!r} refused ({legged.REQ_NAMES[rc]})")
+
+    cdef void bind(self, const double *frame) noexcept nogil:
+        """Point the signals at ``frame`` (the loop's newest valid frame: a buffer fixed for the run)."""
+        self.frame = frame
+        self.sig.joint_pos = frame + self.off_q
+        self.sig.joint_vel = frame + self.off_qd
+        self.sig.quat = frame + self.off_quat
+        self.sig.gyro = frame + self.off_gyro
+        self.sig.acc = frame + self.off_acc
+        self.sig.command = frame + self.off_cmd
+
+    cdef bint take_request(self, int64_t t_ns, int64_t cycle) noexcept nogil:
+        """At the start of a cycle: a posted mode request, then the sequence's entry due at ``cycle`` (a policy
+        entry waits while the stand has not completed). True when the policy mode was entered: its observation
+        state (last action, history, gait clock) then starts again."""
+        cdef int was = self.act.s.mode, rc
+        if cn_load_acquire(&self.req_seq) != self.done_seq:
+            self.req_result = self.act.request_ptr(self.req_mode, t_ns)
+            cn_store_release(&self.done_seq, self.req_seq)
+        if self.seq_i < self.seq_n and cycle >= self.seq_cycle[self.seq_i]:
+            rc = self.act.request_ptr(self.seq_mode[self.seq_i], t_ns)
+            if rc != CN_REQ_NO_STAND_:
+                self.seq_i += 1
+        cdef bint entered = was != CN_MODE_POLICY_ and self.act.s.mode == CN_MODE_POLICY_
+        if entered:
+            self.obs.reset_ptr()
+        return entered
+
+    cdef bint in_policy(self) noexcept nogil:
+        return self.act.s.mode == CN_MODE_POLICY_
+
+    cdef double *input(self) noexcept nogil:
+        """The policy's input for this policy tick, from the newest frame's signals."""
+        self.obs.compute_ptr(&self.sig, self.x_in)
+        return self.x_in
+
+    cdef void took(self, const double *u) noexcept nogil:
+        """The policy's raw output of this tick: the next tick's last_action."""
+        self.obs.note_action_ptr(u)
+
+    cdef void non_finite(self, int64_t t_ns) noexcept nogil:
+        self.act.non_finite_ptr(t_ns)
+
+    cdef const double *tick(self, int64_t t_ns, int64_t frame_age_ns, const double *a, int64_t cycle) noexcept nogil:
+        """Every loop tick: the actuator from the newest frame's q, qd (``frame_age_ns`` old; INT64_MAX before the
+        first) and this tick's action (NULL on a hold tick); returns the command to publish (pub_width values)."""
+        self.status = self.act.tick_ptr(t_ns, frame_age_ns, self.sig.joint_pos, self.sig.joint_vel, a, self.cmd)
+        cdef int n_out = self.act.n_out, rows = 1, first = CN_O_TAU_
+        if self.out_kind == 1:
+            first = CN_O_Q_
+        elif self.out_kind == 2:
+            first, rows = CN_O_Q_, 5
+        memcpy(self.pub, self.cmd + first * n_out, sizeof(double) * rows * n_out)
+        self.r_mode[cycle % self.capacity] = <int8_t> self.act.s.mode
+        if self.status & CN_ACT_NO_COMMAND_:
+            self.no_command += 1
+        return self.pub
+
+    cdef bint send_nothing(self) noexcept nogil:
+        """Passive with position output: no command at all (a torque or impedance command of zero gains is sent)."""
+        return (self.status & CN_ACT_NO_COMMAND_) != 0 and self.out_kind == 1
+
+    # ---- Python side (the control thread, the node) ----
+    def post_mode(self, mode):
+        """Post a mode request for the loop (one at a time); returns its number for :meth:`mode_done`."""
+        if cn_load_acquire(&self.done_seq) != self.req_seq:
+            raise RuntimeError("a mode request is still pending")
+        if mode not in legged.MODES:
+            raise ValueError(f"mode {mode!r}: use one of {', '.join(legged.MODES)}")
+        self.req_mode = legged.MODES.index(mode)
+        cn_store_release(&self.req_seq, self.req_seq + 1)
+        return self.req_seq
+
+    def mode_done(self, int64_t seq):
+        """None while request ``seq`` is pending, else its result (legged.REQ_*)."""
+        if cn_load_acquire(&self.done_seq) < seq:
+            return None
+        return self.req_result
+
+    def set_sequence(self, entries):
+        """Modes at chosen cycles: ``entries`` [(cycle, mode name)], cycles increasing (before the run). The
+        launch demo's stand -> policy -> damping, and the rule tests' request schedule."""
+        cyc = np.array([int(c) for c, _ in entries] or [0], dtype=np.int64)
+        for _, m in entries:
+            if m not in legged.MODES:
+                raise ValueError(f"mode {m!r}: use one of {', '.join(legged.MODES)}")
+        if entries and (np.diff(cyc) < 0).any():
+            raise ValueError("sequence cycles must not decrease")
+        mod = np.array([legged.MODES.index(m) for _, m in entries] or [0], dtype=np.int32)
+        self._seq = (cyc, mod)
+        self.seq_cycle = <int64_t *> cnp.PyArray_DATA(cyc)
+        self.seq_mode = <int32_t *> cnp.PyArray_DATA(mod)
+        self.seq_n, self.seq_i = len(entries), 0
+
+    def apply_pending(self, int64_t t_ns=0, int64_t cycle=0):
+        """Take a posted request (and a due sequence entry) now: only while the loop is not running."""
+        with nogil:
+            self.take_request(t_ns, cycle)
+
+    @property
+    def mode(self):
+        """The current mode's name (read from another thread: one int)."""
+        return legged.MODES[self.act.s.mode]
+
+    @property
+    def stand_done(self):
+        return bool(self.act.s.stand_done)
+
+    def published(self):
+        """A copy of the last published command (tests)."""
+        return np.array([self.pub[j] for j in range(self.pub_width)], dtype=np.float64)

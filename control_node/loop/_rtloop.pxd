@@ -12,6 +12,8 @@ reached through ``_now`` / ``_sleep_until`` and libzmq function pointers, so a v
 cimport cython
 from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint8_t, uint64_t
 
+from control_node.loop._legged cimport LeggedCycle
+
 cdef extern from "cn_vio.h" nogil:
     ctypedef struct cn_pollitem_t:
         void *socket
@@ -141,6 +143,11 @@ cdef class RtLoop:
     cdef double *u_shadow
     cdef double *u_safe
     cdef bint u_have_good
+    # the legged deploy path (control_node.loop._legged): the frame is the robot's raw signals, the policy's
+    # input is built from them and the actuator's command is published (pub_width values); None otherwise
+    cdef readonly object legged
+    cdef void *lg                       # borrowed: legged, for the nogil cycle
+    cdef readonly int pub_width         # values published per cycle: n_actions, or the legged command's
 
     # ---- the record ----
     cdef readonly int64_t cycles, deadline_misses, skipped_ticks, stale_cycles, safe_actions

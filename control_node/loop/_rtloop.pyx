@@ -30,6 +30,7 @@ from libc.math cimport sqrt
 from libc.string cimport memcpy
 
 from control_node.kernels._policy cimport Policy
+from control_node.loop._legged cimport LeggedCycle
 
 from control_node import rundir
 from control_node.rundir import HIST_NAMES, REASONS
@@ -74,6 +75,9 @@ cdef extern from "frame_codec.h" nogil:
     size_t cn_action_u_bytes(int n)
     size_t cn_encode_action_u(uint8_t *out, uint64_t seq, int have_seq, int64_t t_ns, uint64_t cycle,
                               const double *u, int n, int safe)
+
+cdef extern from "<stdint.h>" nogil:
+    enum: INT64_MAX_ "INT64_MAX"
 
 cdef extern from "cn_sync.h" nogil:
     int64_t cn_load_acquire(const int64_t *p)
@@ -284,7 +288,8 @@ cdef class RtLoop:
     ``fns`` maps libzmq function names to addresses (``control_node.loop.libzmq.libzmq_functions``).
     Without them the loop runs only virtually (:meth:`run_virtual`, tests)."""
 
-    def __init__(self, Policy policy, config, size_t sub_handle=0, size_t pub_handle=0, dict fns=None):
+    def __init__(self, Policy policy, config, size_t sub_handle=0, size_t pub_handle=0, dict fns=None,
+                 LeggedCycle legged=None):
         cdef int64_t period_ns = config.period_ns
         cdef bint sensor_clock = config.sensor_clock
         cdef int decimation = config.decimation, history = config.history
@@ -315,6 +320,17 @@ cdef class RtLoop:
             raise ValueError(f"history must divide the policy's {self.n_features} inputs; got {history}")
         self.decimation, self.history = decimation, history
         self.frame_width = self.n_features // history
+        self.legged, self.lg = legged, NULL
+        if legged is not None:
+            # the frame is the robot's raw signals; the recipe builds the policy's input (its own history)
+            if not policy.continuous or history != 1:
+                raise ValueError("a legged recipe needs a continuous policy and [policy] history = 1 (the "
+                                 "recipe keeps its own history)")
+            if policy.n_features != legged.obs.out_width or policy.n_actions != legged.act.n:
+                raise ValueError(f"the recipe builds {legged.obs.out_width} inputs for {legged.act.n} joints; the "
+                                 f"policy takes {policy.n_features} inputs and gives {policy.n_actions} actions")
+            self.frame_width = legged.frame_width
+            self.lg = <void *> legged
         self.history_newest_first = config.history_newest_first
         self.infer_pending, self.fresh = True, False
         self.h_head, self.h_count = 0, 0
@@ -339,7 +355,10 @@ cdef class RtLoop:
             su = np.array(policy.spec.action_offset if safe_u is None else safe_u, dtype=np.float64).reshape(-1)
             if su.shape[0] != self.n_actions or not np.isfinite(su).all():
                 raise ValueError(f"safe_u must be {self.n_actions} finite floats; got {su.tolist()}")
-            self.tx_cap = cn_action_u_bytes(self.n_actions)
+            self.pub_width = legged.pub_width if legged is not None else self.n_actions
+            if self.pub_width > CN_ACTION_U_MAX:
+                raise ValueError(f"a command of {self.pub_width} values is more than {CN_ACTION_U_MAX}")
+            self.tx_cap = cn_action_u_bytes(self.pub_width)
             self.uw = self.n_actions
         else:
             if safe_u is not None:
@@ -347,6 +366,7 @@ cdef class RtLoop:
             su = np.array([config.safe_action], dtype=np.float64)      # the action: a width-1 class
             self.tx_cap = CN_ACTION_BYTES
             self.uw = 1
+            self.pub_width = 1
         tx = np.zeros(self.tx_cap, dtype=np.uint8)
         self.tx = <uint8_t *> cnp.PyArray_DATA(tx)
         cdef int uw = self.uw
@@ -410,8 +430,8 @@ cdef class RtLoop:
         if self.continuous:
             # never more than rundir.ACTION_RING_MAX_BYTES, whatever is asked for
             self.action_capacity = rundir.action_ring_capacity(
-                config.action_ring_cycles if config.action_ring_cycles > 0 else self.capacity, self.n_actions)
-            self.action_ring = rundir.new_action_ring(self.action_capacity, self.n_actions)
+                config.action_ring_cycles if config.action_ring_cycles > 0 else self.capacity, self.pub_width)
+            self.action_ring = rundir.new_action_ring(self.action_capacity, self.pub_width)
             self.r_u = <float *> cnp.PyArray_DATA(self.action_ring)
         else:
             self.action_capacity = 0
@@ -422,6 +442,8 @@ cdef class RtLoop:
         self.r_shadow_dist = <float *> cnp.PyArray_DATA(ring["shadow_dist"])
         self.r_shadow_ns = <int64_t *> cnp.PyArray_DATA(ring["shadow_ns"])
         self._keep = (rx, xs, xh, tx, us, slot_safe, tr)
+        if legged is not None:
+            legged.bind(self.x_cur)         # the signals the recipe and the PD read: the newest valid frame
         for i in range(CN_N_REASONS_CAP):
             self.rejected[i] = 0
         self._reset_driver()
@@ -449,6 +471,9 @@ cdef class RtLoop:
         if policy.n_features != self.n_features or policy.n_actions != self.n_actions \
                 or policy.continuous != self.continuous:
             raise ValueError("the policy's widths or head differ from the loop's")
+        if self.lg != NULL:
+            raise ValueError("a legged node runs its start-up policy only: live switching between legged "
+                             "policies is not supported yet")
         cdef int j
         if self.continuous:
             su = np.array(policy.spec.action_offset if safe_u is None else safe_u, dtype=np.float64).reshape(-1)
@@ -784,8 +809,18 @@ cdef class RtLoop:
         seq / t_ns of the frame it was computed from; a safe action those of the last valid frame."""
         cdef uint8_t flags = FLAG_REJECTED if got & 2 else 0
         cdef int64_t t_recv = self._now()
+        if self.lg != NULL and (<LeggedCycle> self.lg).take_request(t_wake, self.cycles):
+            # the policy is entered: its recurrent state starts again with the recipe's, and it runs at the
+            # first policy tick with a frame
+            (<Policy> self.pol).reset_ptr()
+            self.infer_pending = True
         cdef const double *u = self._decide(got, due, t_wake, &flags)
         cdef bint safe = flags & FLAG_SAFE
+        if self.lg != NULL:     # every tick: the actuator's command from the newest frame and the held action
+            u = (<LeggedCycle> self.lg).tick(
+                t_wake, (t_wake - self.last_rx) if self.last_rx else INT64_MAX_,
+                self.u_new if (flags & FLAG_INFER and self.rc_used >= 0) else NULL, self.cycles)
+            safe = not (<LeggedCycle> self.lg).in_policy()
         cdef int action
         if self.continuous:
             action = ACTION_SAFE if safe else ACTION_POLICY
@@ -797,7 +832,8 @@ cdef class RtLoop:
         cdef bint have_seq = self.have_seq
         if not safe:
             seq, tns, have_seq = self.act_seq, self.act_tns, self.act_have
-        self._publish(seq, have_seq, tns, u, safe)
+        if self.lg == NULL or not (<LeggedCycle> self.lg).send_nothing():
+            self._publish(seq, have_seq, tns, u, safe)
         cdef int64_t t_pub = self._now()
         if t_pub - tick > self.deadline_ns:
             self.deadline_misses += 1
@@ -807,8 +843,8 @@ cdef class RtLoop:
         cdef float *row
         cdef int j
         if self.continuous:     # the published vector into the action ring
-            row = self.r_u + (self.cycles % self.action_capacity) * self.n_actions
-            for j in range(self.n_actions):
+            row = self.r_u + (self.cycles % self.action_capacity) * self.pub_width
+            for j in range(self.pub_width):
                 row[j] = <float> u[j]
         self._record(tick, wake_lat, t_wake, t_recv, t_infer, t_pub, period,
                      # input age only where the policy acted on a frame (not for safe actions)
@@ -853,7 +889,7 @@ cdef class RtLoop:
             stale_now[0] = True
             self.stale_cycles += 1
             flags[0] |= FLAG_STALE
-        if self.infer_pending and self.fresh:
+        if self.infer_pending and self.fresh and (self.lg == NULL or (<LeggedCycle> self.lg).in_policy()):
             self.infer_pending = False
             self.fresh = False
             flags[0] |= FLAG_NEW_FRAME | FLAG_INFER
@@ -866,6 +902,8 @@ cdef class RtLoop:
         """The policy's input for this inference: x_cur (history 1), or x_cur pushed into the history
         ring (an empty ring is filled with it: the missing slots repeat the first frame) and the ring
         copied into x_in in the configured order."""
+        if self.lg != NULL:
+            return (<LeggedCycle> self.lg).input()
         if self.history == 1:
             return self.x_cur
         cdef int n = self.history, w = self.frame_width, j, slot
@@ -909,6 +947,11 @@ cdef class RtLoop:
                 self._canary_rollback(WHY_NON_FINITE)
                 rc = self._infer(self.pol, x, self.u_new)
             self.rc_used = rc
+            if self.lg != NULL:         # the recipe's last_action, or the actuator's fault
+                if rc < 0:
+                    (<LeggedCycle> self.lg).non_finite(t_wake)
+                else:
+                    (<LeggedCycle> self.lg).took(self.u_new)
             if rc < 0:      # not finite: never publish garbage
                 self.rejected[CN_NON_FINITE_OUTPUT] += 1
                 self.last_safe = True
@@ -962,7 +1005,7 @@ cdef class RtLoop:
         class in u[0]) for an argmax one."""
         cdef size_t n
         if self.continuous:
-            n = cn_encode_action_u(self.tx, seq, have_seq, tns, <uint64_t> self.cycles, u, self.n_actions, safe)
+            n = cn_encode_action_u(self.tx, seq, have_seq, tns, <uint64_t> self.cycles, u, self.pub_width, safe)
         else:
             n = cn_encode_action(self.tx, seq, have_seq, tns, <uint64_t> self.cycles, <int> u[0], safe)
         if self.z_send(self.pub, self.tx, n, ZMQ_DONTWAIT) < 0:

@@ -97,6 +97,14 @@ PASSIVE, DAMPING, STAND, POLICY = range(4)
 REASONS = ("request", "stale", "non_finite", "velocity_guard")
 WHY_REQUEST, WHY_STALE, WHY_NON_FINITE, WHY_VELOCITY_GUARD = range(4)
 REQ_OK, REQ_NO_STAND, REQ_BAD_MODE = range(3)
+REQ_NAMES = ("ok", "stand_not_done", "bad_mode")
+#: what the node publishes each tick (LeggedCycle): the actuators' torques, their position targets, or the
+#: impedance command (q*, qd*, kp, kd, tau_ff: rows of n_out, as Unitree's low-level command takes them)
+OUTPUTS = ("torque", "position", "impedance")
+OUTPUT_ROWS = {"torque": 1, "position": 1, "impedance": 5}
+#: the frame of a legged node: the robot's named raw signals, in this order (joint_pos and joint_vel by
+#: joints.robot's names and order; the quaternion in observation.quat_order; the command's n_commands values)
+SIGNALS = ("joint_pos", "joint_vel", "imu_quat", "imu_gyro", "imu_acc", "command")
 NO_COMMAND, RAMPING = 16, 32
 # actuator.h's per-joint rows and output rows
 J_FIELDS = ("default", "scale", "kp", "kd", "tau_max", "q_lo", "q_hi", "damping_kd", "stand_kp", "stand_kd",
@@ -476,6 +484,17 @@ def build_actuator_plan(recipe: dict, n_outputs: int | None = None) -> ActuatorP
                         policy_joints=policy, out_joints=list(acts))
 
 
+def frame_layout(plan: "ObsPlan") -> list:
+    """[(signal, offset, width)] of a legged node's frame (:data:`SIGNALS`): every signal is sent, whether or
+    not a term reads it, so one layout serves every recipe of the same robot."""
+    widths = (plan.n_robot, plan.n_robot, 4, 3, 3, plan.n_cmd)
+    out, at = [], 0
+    for name, w in zip(SIGNALS, widths):
+        out.append((name, at, w))
+        at += w
+    return out
+
+
 def build_plans(recipe: dict, n_inputs: int | None = None, n_outputs: int | None = None):
     """(ObsPlan, ActuatorPlan) for ``recipe``, checked against the model's input and output widths."""
     return build_obs_plan(recipe, n_inputs), build_actuator_plan(recipe, n_outputs)
@@ -702,3 +721,94 @@ def reference_actuator(plan: ActuatorPlan, st: ActRefState, t_ns, frame_age_ns, 
     st.cycle += 1
     status = st.mode | (NO_COMMAND if st.mode == PASSIVE else 0) | (RAMPING if ramping else 0)
     return out, status
+
+
+# ---- the numpy reference of the whole deploy path (LeggedCycle inside RtLoop's cycle) ----------------------
+
+class PolicyReference:
+    """The policy in plain numpy (kernels/reference.py): ``act(x)`` one step (a recurrent policy carries its
+    state from step to step), ``reset()`` the zero state. Returns None when the output is not finite (the
+    kernel's -1)."""
+
+    def __init__(self, spec):
+        from control_node.kernels import reference as R
+        self.spec, self.R = spec, R
+        self.reset()
+
+    def reset(self):
+        self.h, self.c = self.R.zero_state(self.spec) if self.spec.recurrent else (None, None)
+
+    def act(self, x):
+        R, spec = self.R, self.spec
+        z = R.preprocess(spec, np.asarray(x, dtype=np.float64)[None, :])
+        if spec.recurrent:
+            h, c = R.rnn_step(spec, z[0], self.h, self.c)
+            if not (np.isfinite(h).all() and (c is None or np.isfinite(c).all())):
+                self.reset()
+                return None
+            self.h, self.c = h, c
+            out = R.dense_stack(spec, h[None, :])
+        else:
+            out = R.dense_stack(spec, z)
+        if not np.isfinite(out).all():
+            return None
+        return R.apply_head(spec, out)[0]
+
+
+class DeployReference:
+    """One node's legged deploy path in plain numpy, cycle by cycle: the mode sequence and requests, the
+    recipe (:func:`reference_obs`), the policy (:class:`PolicyReference`), the actuator
+    (:func:`reference_actuator`) and the published command, as LeggedCycle does inside RtLoop's cycle.
+
+    ``cycle(c, t_ns, frame, infer, request=None)``: cycle ``c`` woke at ``t_ns``; ``frame`` the frame drained
+    this cycle (the robot's raw signals, :func:`frame_layout`) or None; ``infer`` whether the loop's schedule
+    made this a policy tick (the schedule's own rules are tests/test_cycle_rules.py's). Returns the published
+    command (OUTPUT_ROWS[output] x n_out values) and whether it was sent."""
+
+    def __init__(self, obs_plan, act_plan, spec, output="torque", sequence=(), start_mode="passive"):
+        self.op, self.ap, self.output = obs_plan, act_plan, output
+        self.ro, self.ra = ObsRefState(obs_plan), ActRefState(act_plan)
+        self.policy = PolicyReference(spec)
+        self.sequence, self.seq_i = [(int(c), MODES.index(m)) for c, m in sequence], 0
+        self.layout = {name: (o, w) for name, o, w in frame_layout(obs_plan)}
+        self.frame, self.last_rx = np.zeros(sum(w for _, w in self.layout.values())), None
+        self.infer_pending = True
+        if start_mode != "passive":
+            reference_request(act_plan, self.ra, MODES.index(start_mode), 0)
+
+    def signals(self):
+        f, L = self.frame, self.layout
+        return {"joint_pos": f[slice(L["joint_pos"][0], L["joint_pos"][0] + L["joint_pos"][1])],
+                "joint_vel": f[slice(L["joint_vel"][0], L["joint_vel"][0] + L["joint_vel"][1])],
+                "quat": f[L["imu_quat"][0]:L["imu_quat"][0] + 4], "gyro": f[L["imu_gyro"][0]:L["imu_gyro"][0] + 3],
+                "acc": f[L["imu_acc"][0]:L["imu_acc"][0] + 3],
+                "command": f[L["command"][0]:L["command"][0] + L["command"][1]]}
+
+    def cycle(self, c, t_ns, frame, infer, request=None):
+        if frame is not None:
+            self.frame, self.last_rx = np.asarray(frame, dtype=np.float64), t_ns
+        was = self.ra.mode
+        if request is not None:
+            reference_request(self.ap, self.ra, MODES.index(request), t_ns)
+        if self.seq_i < len(self.sequence) and c >= self.sequence[self.seq_i][0]:
+            if reference_request(self.ap, self.ra, self.sequence[self.seq_i][1], t_ns) != REQ_NO_STAND:
+                self.seq_i += 1
+        if was != POLICY and self.ra.mode == POLICY:
+            self.ro.reset()
+            self.policy.reset()
+        self.mode_at_start = self.ra.mode
+        a = None
+        if infer:
+            x = reference_obs(self.op, self.signals(), self.ro)
+            u = self.policy.act(x)
+            if u is None:
+                reference_non_finite(self.ap, self.ra, t_ns)
+            else:
+                self.ro.note_action(u)
+                a = u
+        sig = self.signals()
+        age = (t_ns - self.last_rx) if self.last_rx is not None else np.iinfo(np.int64).max
+        out, status = reference_actuator(self.ap, self.ra, t_ns, age, sig["joint_pos"], sig["joint_vel"], a)
+        first, rows = {"torque": (OUT_ROWS.index("tau"), 1), "position": (0, 1), "impedance": (0, 5)}[self.output]
+        sent = not (status & NO_COMMAND and self.output == "position")
+        return np.asarray(out[first:first + rows]).reshape(-1), sent

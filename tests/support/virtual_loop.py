@@ -86,14 +86,15 @@ class Run:
 
 
 def run_virtual(policy, stream: Stream | None = None, *, stalls=(), read_cost_ns=1_000, requests=(),
-                run_until_ns=0, slots=(), rules=None, **config) -> Run:
+                run_until_ns=0, slots=(), rules=None, legged=None, **config) -> Run:
     """Build an RtLoop with ``LoopConfig(**config)`` (ring large enough never to wrap), put ``slots``
     ((slot, Policy) pairs) in place, post ``requests`` ((kind name, slot)) before the run, run it virtually
     from T0. The loop holds one pending request at a time (RtLoop.post_request refuses a second before the
-    first is done), so ``requests`` has at most one: it is taken at the run's first cycle boundary."""
+    first is done), so ``requests`` has at most one: it is taken at the run's first cycle boundary. ``legged``: a
+    LeggedCycle (the legged deploy path; its mode sequence is the request schedule of modes at chosen cycles)."""
     assert len(requests) <= 1, "the loop holds one pending request at a time: give at most one"
     config.setdefault("ring_cycles", config["max_cycles"] + 16 if config.get("max_cycles") else 100_000)
-    loop = RtLoop(policy, LoopConfig(**config))
+    loop = RtLoop(policy, LoopConfig(**config), legged=legged)
     for slot, p in slots:
         loop.set_slot(slot, p)
     if rules:
@@ -102,7 +103,8 @@ def run_virtual(policy, stream: Stream | None = None, *, stalls=(), read_cost_ns
     for kind, slot in requests:
         loop.post_request(rundir.TRANSITIONS.index(kind) + 1, slot)
     stream = (stream or Stream([], [], [], [], [])).sorted()
-    io = VirtualIO(stream.arrive, stream.frames, stalls, read_cost_ns=read_cost_ns, start_ns=0)
+    io = VirtualIO(stream.arrive, stream.frames, stalls, read_cost_ns=read_cost_ns, start_ns=0,
+                   max_message_bytes=512 if legged is None else 16 + 9 * legged.pub_width + 64)
     loop.run_virtual(io, T0, run_until_ns)
     n = loop.cycles
     assert n <= loop.capacity, "a virtual run's ring must not wrap"
