@@ -13,8 +13,11 @@ the bottom up; a module imports only its own tier and those below (tests/test_ar
 ``procfs.py``             every /proc and /sys read (CPU lists, interrupts, softirqs, stat, kernel threads,
                           cpuinfo, VM or not) under a root prefix; standard library only.
 ``loop/``                 the hot path: the nogil cycle (``_rtloop.pyx``), frame codec, histogram, libzmq
-                          entry points, real-time set-up. No GIL, nothing allocated per cycle, C ABI only.
+                          entry points, real-time set-up, the legged units (observation recipe, actuator
+                          and modes). No GIL, nothing allocated per cycle, C ABI only.
 ``config.py``             the node config: TOML in, validated dict out (errors name the field and fix).
+``deploy.py``             a legged node's deploy path from its [legged] recipe, checked against the policy
+                          and the loop (``loop/legged.py``, ``loop/_legged.pyx``: recipe, PD, modes).
 ``security.py``           CURVE keys and the allow-list.
 ``sockets.py``            the node's bound ZeroMQ sockets.
 ``lifecycle.py``          policies loaded, switched, shadowed and rolled back while the loop runs: the

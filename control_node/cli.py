@@ -11,7 +11,7 @@ import importlib
 import sys
 
 VERBS = ["run", "launch", "sim", "record", "replay", "export", "report", "top", "hz", "echo", "live",
-         "train", "import", "policy", "bench", "keys", "doctor", "bridge"]
+         "train", "import", "policy", "mode", "bench", "keys", "doctor", "bridge"]
 MODULES = {"import": "importer"}    # a verb that is a Python keyword lives in a module of another name
 
 

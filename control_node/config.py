@@ -150,7 +150,11 @@ def load_config(path=None, overrides: dict | None = None) -> dict:
     path = path or endpoints.default_config("node.toml")
     cfg = defaults()
     raw = read_toml(path)
+    cfg["legged"] = None
     for sec, table in raw.items():
+        if sec == "legged":         # the legged recipe: checked against the policy (control_node.deploy)
+            cfg["legged"] = table
+            continue
         if sec not in SCHEMA:
             if sec in ("sim", "launch", "record", "replay", "children", "ros2"):
                 continue   # read by other verbs

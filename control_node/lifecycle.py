@@ -28,8 +28,8 @@ from control_node import rundir
 # reply "error" codes of refused requests
 ERRORS = ("bad_request", "unknown_op", "bad_name", "not_resident", "already_resident", "too_many", "memory",
           "no_file", "load_failed", "size_mismatch", "in_use", "already_active", "canary_running",
-          "no_previous", "no_shadow", "loop_not_running", "timeout")
-OPS = ("load", "activate", "shadow", "unshadow", "rollback", "unload", "status")
+          "no_previous", "no_shadow", "loop_not_running", "timeout", "not_legged", "mode_refused")
+OPS = ("load", "activate", "shadow", "unshadow", "rollback", "unload", "status", "mode")
 TRANSITION_CODES = {name: i + 1 for i, name in enumerate(rundir.TRANSITIONS)}
 LOG_KEEP = 10000            # transitions kept in memory (summary.json); older ones are counted, not kept
 STATUS_TRANSITIONS = 32     # transitions in a status reply and in each diagnostics snapshot
@@ -310,6 +310,35 @@ class Lifecycle:
     def _op_status(self, req):
         return "status", int(self.loop.cycles)
 
+    def _op_mode(self, req):
+        """A legged node's mode (passive, damping, stand, policy), taken by the loop at a cycle boundary."""
+        from control_node.loop import legged as L
+        lc = self.loop.legged
+        if lc is None:
+            raise Refused("not_legged", "this node runs no [legged] recipe: modes are for legged deploys "
+                          "(docs/legged.md)")
+        mode = req.get("mode")
+        if mode not in L.MODES:
+            raise Refused("bad_request", f"mode {mode!r}: use one of {', '.join(L.MODES)}")
+        if not self.running:
+            raise Refused("loop_not_running", "the loop is not running (starting or stopping); try again")
+        was = lc.mode
+        try:
+            seq = lc.post_mode(mode)
+        except RuntimeError:
+            raise Refused("timeout", "the previous mode request is still pending (is the loop stalled?)") from None
+        deadline = time.monotonic() + 2.0
+        while (res := lc.mode_done(seq)) is None:
+            if time.monotonic() > deadline or not self.running:
+                raise Refused("timeout", "the loop did not take the mode request within 2 s (is it stalled?)")
+            time.sleep(0.0005)
+        if res == L.REQ_NO_STAND:
+            raise Refused("mode_refused", "policy refused: the stand has not completed. Fix: `control-node mode "
+                          "stand` and wait for it (modes.stand_time), or set [legged.modes] policy_without_stand "
+                          "= true")
+        cycle = int(self.loop.cycles)
+        return f"mode {lc.mode} from about cycle {cycle} (was {was})", cycle
+
     # ------------------------------------------------------------------ views
     def shadow_figures(self, arrays=None):
         """The shadow's figures: since it started (loop counters) and, from the ring (``arrays``: the
@@ -363,7 +392,9 @@ class Lifecycle:
                 "policies": policies, "resident_bytes": resident_bytes,
                 "max_resident_bytes": self.max_bytes, "max_policies": self.max_policies, "rules": self.rules,
                 "shadow_figures": self.shadow_figures() if loop.shadow >= 0 or loop.shadow_ticks else None,
-                "transitions": tail, "transition_count": count}
+                "transitions": tail, "transition_count": count,
+                "legged": ({"mode": loop.legged.mode, "stand_done": loop.legged.stand_done,
+                            "output": loop.legged.output} if loop.legged is not None else None)}
 
     def brief(self) -> dict:
         """What each diagnostics snapshot carries (and so the record stream): names, the shadow's counts

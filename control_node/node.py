@@ -267,6 +267,12 @@ class Node:
         ring = st["ring_cycles"]
         if duration > 0 and lp["clock"] == "timer":
             ring = min(ring, int(duration * rate) + 16)
+        from control_node.deploy import build_legged
+        legged = build_legged(cfg, policy, decimation, ring)     # None without a [legged] recipe
+        if legged is not None:
+            info["history"]["frame_width"] = int(legged.frame_width)
+            info["legged"] = {"output": legged.output, "frame_width": int(legged.frame_width),
+                              "publish_width": int(legged.pub_width)}
         # SIGINT/SIGTERM: no-op Python handlers; the wakeup fd carries them to the diagnostics thread
         sig_r, sig_w = os.pipe()
         os.set_blocking(sig_w, False)
@@ -284,7 +290,7 @@ class Node:
             sockets = NodeSockets(cfg["endpoints"], lim["max_frame_bytes"], lim["send_hwm"], io_cpus=others,
                                   security=cfg.get("security"), recv_hwm=lim["recv_hwm"])
             loop = RtLoop(policy, loop_config(cfg, safe, decimation, spin_us, ring), sockets.sensor.underlying,
-                          sockets.action.underlying, libzmq_functions())
+                          sockets.action.underlying, libzmq_functions(), legged=legged)
             from control_node.lifecycle import ControlThread, Lifecycle
             rt_ref = {}
             lifecycle = Lifecycle(loop, cfg, policy, self.model_path)
@@ -373,6 +379,7 @@ class Node:
                        info, spin_us, lifecycle, recorder):
         import psutil
 
+        from control_node.deploy import summary as deploy_summary
         from control_node.diagnosis import machine_facts
         cfg = self.cfg
         run_id = time.strftime("%Y%m%d-%H%M%S") + f"-{os.getpid()}"
@@ -436,6 +443,8 @@ class Node:
             "safe_action": info["safe_action"],
             # policies loaded, switched, shadowed and rolled back while the loop ran (control_node.lifecycle)
             "lifecycle": lifecycle.summary(arrays),
+            # the legged deploy path ([legged]): output, mode timeline, limits and faults counted (None without)
+            "legged": deploy_summary(loop.legged, float(cfg["loop"]["rate_hz"]), int(loop.cycles)),
             # why cycles were late: each miss and the worst wake-ups matched to evidence about the loop's core
             "why_late": self._why_late(recorder, arrays, period_ns, loop, spin_us, rt_report),
             "config": copy.deepcopy(cfg),

@@ -27,7 +27,8 @@ ROOT_TIER = ("control_node.cli", "control_node.__main__", "control_node.verbs")
 LEAVES = ("control_node.errors", "control_node.rundir", "control_node.endpoints", "control_node.procfs")
 HOT = "control_node.loop"
 REPORT = "control_node.report"
-NODE_LEVEL = ("control_node.config", "control_node.configs", "control_node.security", "control_node.sockets",
+NODE_LEVEL = ("control_node.config", "control_node.configs", "control_node.deploy", "control_node.security",
+              "control_node.sockets",
               "control_node.lifecycle", "control_node.metrics", "control_node.node", "control_node.recording",
               "control_node.diagnosis", "control_node.monitor", "control_node.launch")
 # the module map, bottom up: every module is placed in exactly one tier (the package itself, whose

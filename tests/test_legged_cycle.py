@@ -207,7 +207,6 @@ def test_impedance_output_and_a_non_finite_action_goes_to_damping():
 def test_mode_requests_through_the_mailbox_and_policy_refused_before_stand():
     recipe = isaaclab_quadruped(history=1)
     op, ap = L.build_plans(recipe)
-    spec = mlp(op.out_width, 12, seed=6)
     lc = LeggedCycle(op, ap, "torque", capacity=64)
     seq = lc.post_mode("policy")
     lc.apply_pending(0, 0)

@@ -122,7 +122,7 @@ cdef class LeggedCycle:
     cdef readonly int status
     cdef object _keep
     cdef void bind(self, const double *frame) noexcept nogil
-    cdef bint take_request(self, int64_t t_ns, int64_t cycle) noexcept nogil
+    cdef bint take_request(self, int64_t t_ns, int64_t cycle, bint fresh) noexcept nogil
     cdef bint in_policy(self) noexcept nogil
     cdef double *input(self) noexcept nogil
     cdef void took(self, const double *u) noexcept nogil

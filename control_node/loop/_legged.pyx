@@ -291,15 +291,16 @@ cdef class LeggedCycle:
         self.sig.acc = frame + self.off_acc
         self.sig.command = frame + self.off_cmd
 
-    cdef bint take_request(self, int64_t t_ns, int64_t cycle) noexcept nogil:
-        """At the start of a cycle: a posted mode request, then the sequence's entry due at ``cycle`` (a policy
-        entry waits while the stand has not completed). True when the policy mode was entered: its observation
-        state (last action, history, gait clock) then starts again."""
+    cdef bint take_request(self, int64_t t_ns, int64_t cycle, bint fresh) noexcept nogil:
+        """At the start of a cycle: a posted mode request, then the sequence's entry due at ``cycle``. A
+        sequence entry waits while no frame is fresh (``fresh``: one came within stale_after: a stand ramps from
+        the measured pose), and a policy entry while the stand has not completed. True when the policy mode was
+        entered: its observation state (last action, history, gait clock) then starts again."""
         cdef int was = self.act.s.mode, rc
         if cn_load_acquire(&self.req_seq) != self.done_seq:
             self.req_result = self.act.request_ptr(self.req_mode, t_ns)
             cn_store_release(&self.done_seq, self.req_seq)
-        if self.seq_i < self.seq_n and cycle >= self.seq_cycle[self.seq_i]:
+        if self.seq_i < self.seq_n and cycle >= self.seq_cycle[self.seq_i] and fresh:
             rc = self.act.request_ptr(self.seq_mode[self.seq_i], t_ns)
             if rc != CN_REQ_NO_STAND_:
                 self.seq_i += 1
@@ -374,10 +375,10 @@ cdef class LeggedCycle:
         self.seq_mode = <int32_t *> cnp.PyArray_DATA(mod)
         self.seq_n, self.seq_i = len(entries), 0
 
-    def apply_pending(self, int64_t t_ns=0, int64_t cycle=0):
+    def apply_pending(self, int64_t t_ns=0, int64_t cycle=0, bint fresh=True):
         """Take a posted request (and a due sequence entry) now: only while the loop is not running."""
         with nogil:
-            self.take_request(t_ns, cycle)
+            self.take_request(t_ns, cycle, fresh)
 
     @property
     def mode(self):

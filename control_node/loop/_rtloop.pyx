@@ -809,7 +809,9 @@ cdef class RtLoop:
         seq / t_ns of the frame it was computed from; a safe action those of the last valid frame."""
         cdef uint8_t flags = FLAG_REJECTED if got & 2 else 0
         cdef int64_t t_recv = self._now()
-        if self.lg != NULL and (<LeggedCycle> self.lg).take_request(t_wake, self.cycles):
+        if self.lg != NULL and (<LeggedCycle> self.lg).take_request(
+                t_wake, self.cycles,
+                (got & 1) != 0 or (self.last_rx != 0 and t_wake - self.last_rx <= self.stale_after_ns)):
             # the policy is entered: its recurrent state starts again with the recipe's, and it runs at the
             # first policy tick with a frame
             (<Policy> self.pol).reset_ptr()
@@ -830,7 +832,9 @@ cdef class RtLoop:
         cdef uint64_t seq = self.seq
         cdef int64_t tns = self.tns
         cdef bint have_seq = self.have_seq
-        if not safe:
+        if not safe and self.lg == NULL:
+            # the policy's answer carries the frame it acted on; a legged command, computed every tick from the
+            # newest frame's q, qd, carries the newest frame's
             seq, tns, have_seq = self.act_seq, self.act_tns, self.act_have
         if self.lg == NULL or not (<LeggedCycle> self.lg).send_nothing():
             self._publish(seq, have_seq, tns, u, safe)

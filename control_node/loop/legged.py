@@ -762,8 +762,9 @@ class DeployReference:
 
     ``cycle(c, t_ns, frame, infer, request=None)``: cycle ``c`` woke at ``t_ns``; ``frame`` the frame drained
     this cycle (the robot's raw signals, :func:`frame_layout`) or None; ``infer`` whether the loop's schedule
-    made this a policy tick (the schedule's own rules are tests/test_cycle_rules.py's). Returns the published
-    command (OUTPUT_ROWS[output] x n_out values) and whether it was sent."""
+    made this a policy tick (the schedule's own rules are tests/test_cycle_rules.py's); ``request`` a mode asked
+    through the mailbox at this cycle. A sequence entry waits for a fresh frame (and a policy entry for the
+    stand). Returns the published command (OUTPUT_ROWS[output] x n_out values) and whether it was sent."""
 
     def __init__(self, obs_plan, act_plan, spec, output="torque", sequence=(), start_mode="passive"):
         self.op, self.ap, self.output = obs_plan, act_plan, output
@@ -790,7 +791,8 @@ class DeployReference:
         was = self.ra.mode
         if request is not None:
             reference_request(self.ap, self.ra, MODES.index(request), t_ns)
-        if self.seq_i < len(self.sequence) and c >= self.sequence[self.seq_i][0]:
+        fresh = self.last_rx is not None and t_ns - self.last_rx <= self.ap.stale_after_ns
+        if self.seq_i < len(self.sequence) and c >= self.sequence[self.seq_i][0] and fresh:
             if reference_request(self.ap, self.ra, self.sequence[self.seq_i][1], t_ns) != REQ_NO_STAND:
                 self.seq_i += 1
         if was != POLICY and self.ra.mode == POLICY:

@@ -1,0 +1,200 @@
+"""A legged node as a real process (issue 45): `control-node run` with a [legged] recipe, torque output at
+1 kHz with a 50 Hz policy, fed by a stand-in robot over ZeroMQ in lockstep (each frame of raw signals sent
+after the node answered the previous one). Every command the node published equals the numpy reference of
+the whole deploy path (legged.DeployReference) replayed on the node's own record (its cycles' wake times,
+policy ticks and the frame each cycle held). Also: the stand -> policy -> damping sequence through the
+control endpoint (`control-node mode`), stale input -> damping, refusals of a bad recipe naming the key."""
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import numpy as np
+import pytest
+
+from support.nodeutil import ActionCollector, Robot, load_run, start_node
+from test_legged_cycle import QUAD, frames, isaaclab_quadruped, mlp
+from control_node import rundir
+from control_node.bench.harness import run_cli
+from control_node.kernels import save_model
+from control_node.loop import legged as L
+
+TOL = dict(rtol=1e-9, atol=1e-9)
+
+
+def _toml_value(v):
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, str):
+        return json.dumps(v)
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{k} = {_toml_value(x)}" for k, x in v.items()) + "}"
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    return repr(float(v)) if isinstance(v, float) else str(v)
+
+
+def legged_toml(recipe, **node_keys):
+    """[legged] and its tables for a recipe dict (plus output / start_mode / sequence)."""
+    top = {k: v for k, v in recipe.items() if not isinstance(v, dict)}
+    top.update(node_keys)
+    out = ["[legged]"] + [f"{k} = {_toml_value(v)}" for k, v in top.items()]
+    for k, v in recipe.items():
+        if isinstance(v, dict):
+            out.append(f"[legged.{k}]")
+            out += [f"{kk} = {_toml_value(vv)}" for kk, vv in v.items()]
+    return "\n".join(out) + "\n"
+
+
+def _recipe():
+    r = isaaclab_quadruped(history=3)
+    r["actuator"] = {k: v for k, v in r["actuator"].items() if k not in ("period", "stale_after")}
+    return r
+
+
+@pytest.fixture(scope="module")
+def quad_model(tmp_path_factory):
+    op, _ = L.build_plans(_recipe())
+    spec = mlp(op.out_width, 12, seed=11)
+    path = tmp_path_factory.mktemp("legged") / "quad.npz"
+    save_model(spec, path)
+    return str(path), spec
+
+
+LOOP = "[loop]\nrate_hz = 1000.0\npolicy_rate_hz = 50.0\n[watchdog]\nstale_after_ms = 1000.0\n"
+
+
+def test_a_legged_node_in_lockstep_publishes_the_reference_commands(tmp_path, quad_model):
+    """600 frames in lockstep; the sequence stands at 0.05 s and enters the policy when the stand is done;
+    then `control-node mode damping`. Each published torque (actuator order FR, FL, RR, RL) equals the
+    reference's for that cycle, with the frames the node held, at the times it woke."""
+    model, spec = quad_model
+    recipe = _recipe()
+    extra = LOOP + legged_toml(recipe, output="torque", sequence=[[0.05, "stand"], [0.1, "policy"]])
+    node, cfg = start_node(tmp_path, model, extra=extra)
+    op, ap = L.build_plans({**recipe, "actuator": {**recipe["actuator"], "stale_after": 1.0}}, spec.n_features, 12)
+    q0_robot = np.asarray(recipe["default_pos"])[[QUAD.index(n) for n in recipe["joints"]["robot"]]]
+    fr = frames(op, 600, seed=12, q0_robot=q0_robot)
+    collector = ActionCollector(node.endpoints["action"])
+    robot = Robot(node.endpoints)
+    try:
+        robot.connect(fr[0])
+        sent = {}
+        for k in range(1, 600):
+            seq = robot.send(fr[k])
+            sent[seq] = fr[k]
+            assert robot.wait_answer(seq, timeout=5.0) is not None, f"no command carried frame {seq}"
+        time.sleep(0.5)          # the stand (0.4 s) ended long ago: the policy runs
+        p = run_cli("mode", "damping", "--config", cfg, "--json")
+        rep = json.loads(p.stdout)
+        assert p.returncode == 0 and rep["ok"], p.stdout + p.stderr
+        time.sleep(0.05)
+    finally:
+        robot.close()
+        rc, out, err, run_dir = node.stop()
+        actions = collector.close()
+    assert rc == 0, err
+    summary, arrays = load_run(run_dir)
+    lg = summary["legged"]
+    tr = [(t["from"], t["to"], t["reason"]) for t in lg["transitions"]]
+    assert tr == [("passive", "stand", "request"), ("stand", "policy", "request"), ("policy", "damping", "request")], tr
+    assert lg["output"] == "torque" and lg["publish_width"] == 12
+    damp_cycle = lg["transitions"][-1]["cycle"]
+    # replay the reference on the node's own record
+    first_seen = set()
+    seqs = arrays["seq"].astype(np.int64)
+    flags = arrays["flags"]
+    t_wake = arrays["t_tick_ns"] + arrays["wake_latency_ns"]
+    by_seq = {robot_seq: x for robot_seq, x in sent.items()}
+    ref = L.DeployReference(op, ap, spec, "torque", [(int(round(0.05 * 1000)), "stand"), (100, "policy")])
+    want = {}
+    for i, c in enumerate(arrays["cycle"].tolist()):
+        s = int(seqs[i])
+        have = not (flags[i] & rundir.FLAG_NO_FRAME_YET)
+        frame = None
+        if have and s not in first_seen:
+            first_seen.add(s)
+            frame = by_seq.get(s, fr[0])         # the connection's frames (Robot.connect) carry fr[0]
+        want[c] = ref.cycle(c, int(t_wake[i]), frame, bool(flags[i] & rundir.FLAG_INFER),
+                            request="damping" if c == damp_cycle else None)[0]
+    got = [a for a in actions if a["cycle"] in want]
+    assert len(got) >= 0.9 * len(want), (len(got), len(want))
+    policy_cycles = 0
+    for a in got:
+        np.testing.assert_allclose(a["u"], want[a["cycle"]], **TOL, err_msg=f"cycle {a['cycle']}")
+        policy_cycles += not a["safe"]
+    assert policy_cycles > 300 and summary["policy_rate"]["inference_ticks"] > 10
+
+
+def test_stale_input_goes_to_damping_in_a_real_node(tmp_path, quad_model):
+    model, spec = quad_model
+    recipe = _recipe()
+    recipe["modes"].update(stand_time=0.05, policy_without_stand=True)
+    extra = LOOP.replace("stale_after_ms = 1000.0", "stale_after_ms = 80.0")
+    extra += legged_toml(recipe, output="impedance", start_mode="damping")
+    node, cfg = start_node(tmp_path, model, extra=extra)
+    op, _ = L.build_plans(_recipe())
+    fr = frames(op, 60, seed=13, q0_robot=np.zeros(12))
+    robot = Robot(node.endpoints)
+    try:
+        robot.connect(fr[0])
+        p = run_cli("mode", "policy", "--config", cfg, "--json")
+        assert json.loads(p.stdout)["ok"], p.stdout
+        for k in range(1, 60):
+            robot.wait_answer(robot.send(fr[k]), timeout=5.0)
+        time.sleep(0.4)          # no frame for 5 x stale_after
+        p = run_cli("mode", "--config", cfg, "--json")
+        assert json.loads(p.stdout)["status"]["legged"]["mode"] == "damping"
+    finally:
+        robot.close()
+        rc, out, err, run_dir = node.stop()
+    assert rc == 0, err
+    summary, _ = load_run(run_dir)
+    tr = [(t["to"], t["reason"]) for t in summary["legged"]["transitions"]]
+    assert tr[-1] == ("damping", "stale") and summary["legged"]["counts"]["stale_trips"] == 1
+    assert summary["legged"]["publish_width"] == 60
+
+
+def test_mode_requests_are_refused_with_reasons(tmp_path, quad_model, iris_model_path):
+    model, _ = quad_model
+    node, cfg = start_node(tmp_path, model, extra=LOOP + legged_toml(_recipe()))
+    try:
+        p = run_cli("mode", "policy", "--config", cfg)
+        assert p.returncode == 1 and "refused (mode_refused)" in p.stdout and "mode stand" in p.stdout, p.stdout
+        p = run_cli("mode", "--config", cfg)
+        assert p.returncode == 0 and p.stdout.startswith("mode passive"), p.stdout
+    finally:
+        rc, out, err, run_dir = node.stop()
+    assert rc == 0, err
+    (tmp_path / "iris").mkdir(mode=0o700)
+    node, cfg = start_node(tmp_path / "iris", iris_model_path)
+    try:
+        p = run_cli("mode", "stand", "--config", cfg)
+        assert p.returncode == 1 and "not_legged" in p.stdout, p.stdout
+    finally:
+        node.stop()
+
+
+@pytest.mark.parametrize("edit,key", [
+    (lambda r: r["joints"].update(robot=r["joints"]["robot"][:-1] + ["tail_joint"]), "legged.joints.policy[8]"),
+    (lambda r: r["actuator"].update(kp=[40.0] * 11), "legged.actuator.kp"),
+    (lambda r: r["observation"]["terms"].append({"kind": "height_scan"}), "legged.observation.terms[6].kind"),
+    (lambda r: r["observation"]["terms"].pop(), "legged.observation"),
+    (lambda r: r.update(policy_dt=0.01), "legged.policy_dt"),
+    (lambda r: r["actuator"].update(period=0.002), "legged.actuator.period"),
+    (lambda r: r.update(start_mode="stand"), "legged.start_mode"),
+])
+def test_a_bad_recipe_is_refused_at_start_naming_the_key(tmp_path, quad_model, edit, key):
+    model, _ = quad_model
+    r = _recipe()
+    edit(r)
+    cfgp = tmp_path / "node.toml"
+    from support.nodeutil import write_node_config
+    write_node_config(str(cfgp), str(tmp_path), LOOP + legged_toml(r))
+    p = run_cli("run", "--config", str(cfgp), "--model", model, "--duration", "1")
+    assert p.returncode == 2, p.stdout + p.stderr
+    lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "Traceback" not in p.stderr, p.stderr
+    assert f"field '{key}" in lines[0] and "Fix:" in lines[0], lines[0]
+    assert not os.path.exists(tmp_path / "runs"), os.listdir(tmp_path)
