@@ -71,6 +71,12 @@ weights             str ()                   optional: weight storage ``f16`` / 
                                              them narrower at load. In the hash when not f32.
 weights_error       str ()                   optional: JSON, the error measured against the float32 policy
                                              at import (kernels.weights.measure_error)
+deploy              str ()                   optional: JSON, the deploy contract (:data:`DEPLOY_KEYS`): the
+                                             policy's side of a legged recipe (joints.policy, default_pos,
+                                             policy_dt, observation terms, action scale / clip, actuator kp /
+                                             kd) read from the exporter's metadata at import, and where each
+                                             value came from. In the hash when present (files without it
+                                             keep theirs); builds before it refuse a file that has it.
 ==================  =======================  ==========================================
 """
 from __future__ import annotations
@@ -161,6 +167,7 @@ class ModelSpec:
     rnn_b_hh: np.ndarray | None = None
     weights: str = "f32"
     weights_error: dict | None = None
+    deploy: dict | None = None
 
     def __post_init__(self):
         dt = np.dtype(self.dtype)
@@ -204,6 +211,7 @@ class ModelSpec:
         self.action_offset, self.action_scale = per(self.action_offset, n_out), per(self.action_scale, n_out)
         self.feature_names = [str(f) for f in self.feature_names]
         self.source = dict(self.source or {})
+        self.deploy = _canonical_deploy(self.deploy)
         if not self.sha256:
             self.sha256 = content_hash(self)
 
@@ -284,7 +292,43 @@ def content_hash(spec: ModelSpec) -> str:
             h.update(np.ascontiguousarray(a).tobytes())
     if spec.weights != "f32":       # narrower storage changes the answers (f32 files keep their hash)
         h.update(f"weights;{spec.weights};".encode())
+    if spec.deploy:                 # the contract changes what the robot does (files without one keep their hash)
+        h.update(b"deploy;" + deploy_text(spec.deploy).encode())
     return h.hexdigest()
+
+
+#: the deploy contract's top-level keys: ``version`` (1), ``recipe`` (the policy's side of a legged recipe, in
+#: control_node/loop/legged.py's format), ``from`` (where it came from: exporter, file, sha256, the keys read),
+#: ``info`` (what the exporter gave that the recipe does not take: command ranges, effort limits, quat order...)
+DEPLOY_KEYS = ("version", "recipe", "from", "info")
+DEPLOY_VERSION = 1
+#: the recipe keys a contract may hold (the robot's side, joints.robot, limits, modes, stays in the config)
+DEPLOY_RECIPE_KEYS = {"joints": ("policy",), "default_pos": None, "policy_dt": None,
+                      "observation": ("terms", "n_commands", "history", "clip_stage", "first_tick"),
+                      "action": ("scale", "clip_to_limits"), "actuator": ("kp", "kd", "q_lo", "q_hi")}
+
+
+def _jsonable(o):
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    if isinstance(o, np.generic):
+        return o.item()
+    raise TypeError(f"{type(o).__name__} is not JSON")
+
+
+def _canonical_deploy(d):
+    """The contract as plain JSON values (numpy numbers become Python's), or None for none / an empty one."""
+    if not d:
+        return None
+    try:
+        return json.loads(json.dumps(d, default=_jsonable))
+    except (TypeError, ValueError):
+        return d                    # validate_spec names the field
+
+
+def deploy_text(d) -> str:
+    """The contract's JSON text as the file holds it and the hash covers it (sorted keys, no spaces)."""
+    return json.dumps(d, sort_keys=True, separators=(",", ":"), default=_jsonable)
 
 
 def save_model(spec: ModelSpec, path) -> str:
@@ -335,6 +379,8 @@ def _arrays_of(spec: ModelSpec) -> dict:
     if spec.weights != "f32":
         arrays["weights"] = np.str_(spec.weights)
         arrays["weights_error"] = np.str_(json.dumps(spec.weights_error or {}, sort_keys=True))
+    if spec.deploy:
+        arrays["deploy"] = np.str_(deploy_text(spec.deploy))
     if spec.check_X is not None:
         arrays["check_X"] = np.ascontiguousarray(spec.check_X, dtype=np.float64)
     for i, (W, b) in enumerate(spec.layers):
@@ -371,7 +417,7 @@ MAX_ENTRIES = 512
 MAX_DIRECTORY_BYTES = 1 << 20
 #: the most layers a model file may hold (W0..W63): far more than any policy the node runs
 MAX_LAYERS = 64
-#: the longest name (class, feature, action, activation) and the longest JSON text (source, weights_error)
+#: the longest name (class, feature, action, activation) and the longest JSON text (source, weights_error, deploy)
 MAX_NAME_CHARS = 4096
 MAX_TEXT_CHARS = 4 << 20
 #: the keys that decide every other array's shape; read first, each at most this many bytes
@@ -379,7 +425,7 @@ SHAPE_KEYS = ("format_version", "dtype", "layer_sizes", "recurrent", "head", "we
 SMALL_BYTES = 64 << 10
 _SCALARS = {"format_version": "iu", "dtype": "U", "recurrent": "U", "head": "U", "squash": "b", "source": "U",
             "train_accuracy": "fiu", "test_accuracy": "fiu", "trainer": "U", "sha256": "U", "weights": "U",
-            "weights_error": "U"}
+            "weights_error": "U", "deploy": "U"}
 _LAYER_KEY = re.compile(r"([Wb])(0|[1-9][0-9]?)")
 _NUMBERS = "fiub"       # what a numeric field may hold before its own check (booleans are refused by that check)
 
@@ -754,6 +800,14 @@ def load_model(path, max_bytes=MAX_FILE_BYTES, label=None) -> ModelSpec:
             extra["weights_error"] = json.loads(str(data.get("weights_error", "{}"))) or None
         except ValueError as e:
             raise ModelFileError(path, "weights_error", f"is not JSON ({e})", "re-import the model") from None
+    if "deploy" in data:
+        try:
+            extra["deploy"] = json.loads(str(data["deploy"]))
+        except ValueError as e:
+            raise ModelFileError(path, "deploy", f"is not JSON ({e})", "re-import the policy") from None
+        if not isinstance(extra["deploy"], dict) or not extra["deploy"]:
+            raise ModelFileError(path, "deploy", f"is {str(data['deploy'])[:60]!r}, not a JSON object",
+                                 "re-import the policy")
     spec = ModelSpec(
         layers=layers,
         mean=_numeric(data, path, "mean"),
@@ -891,3 +945,68 @@ def validate_spec(spec: ModelSpec, path="(in memory)") -> None:
     if spec.check_X is not None and (spec.check_X.ndim != 2 or spec.check_X.shape[1] != n_features):
         raise ModelFileError(path, "check_X", f"has shape {spec.check_X.shape}, expected (n, {n_features})",
                              "re-export the model")
+    if spec.deploy is not None:
+        _validate_deploy(spec, path)
+
+
+def _validate_deploy(spec: ModelSpec, path) -> None:
+    """The contract's shape: its keys, one joint name per action, per-joint lists of finite numbers. What the
+    recipe's terms mean is checked where the node builds its plans (control_node/deploy.py), naming the key."""
+    d = spec.deploy
+
+    def bad(key, problem, fix="re-import the policy with `control-node import`"):
+        raise ModelFileError(path, f"deploy.{key}" if key else "deploy", problem, fix)
+    if not isinstance(d, dict):
+        bad("", f"is a {type(d).__name__}, not a JSON object")
+    try:
+        json.dumps(d, allow_nan=False)
+    except (TypeError, ValueError) as e:
+        bad("", f"is not plain JSON ({e})")
+    for k in d:
+        if k not in DEPLOY_KEYS:
+            bad(k, "is not a key of the deploy contract", f"use only {', '.join(DEPLOY_KEYS)}")
+    if d.get("version") != DEPLOY_VERSION:
+        bad("version", f"is {d.get('version')!r}, this build reads version {DEPLOY_VERSION}")
+    if spec.head != "continuous":
+        bad("", "is given for an argmax policy", "a deploy contract belongs to a continuous (joint) policy")
+    for k in ("from", "info"):
+        if not isinstance(d.get(k, {}), dict):
+            bad(k, "is not a JSON object")
+    r = d.get("recipe")
+    if not isinstance(r, dict):
+        bad("recipe", "missing or not a JSON object")
+    n = spec.layers[-1][0].shape[1]
+    for k, v in r.items():
+        if k not in DEPLOY_RECIPE_KEYS:
+            bad(f"recipe.{k}", "is not a key a contract holds (the robot's side lives in the node's [legged])",
+                f"use only {', '.join(DEPLOY_RECIPE_KEYS)}")
+        sub = DEPLOY_RECIPE_KEYS[k]
+        if sub is not None:
+            if not isinstance(v, dict):
+                bad(f"recipe.{k}", "is not a JSON object")
+            for kk in v:
+                if kk not in sub:
+                    bad(f"recipe.{k}.{kk}", "is not a key a contract holds", f"use only {', '.join(sub)}")
+    names = (r.get("joints") or {}).get("policy")
+    if not (isinstance(names, list) and len(names) == n and all(isinstance(x, str) and x for x in names)
+            and len(set(names)) == n):
+        bad("recipe.joints.policy", f"is not {n} distinct joint names (one per action)")
+
+    def per_joint(key, v, lo=None):
+        if not (isinstance(v, list) and len(v) == n and all(isinstance(x, (int, float)) and not isinstance(x, bool)
+                                                            for x in v)):
+            bad(key, f"is not a list of {n} numbers (one per joint, in joints.policy's order)")
+        if lo is not None and min(v) < lo:
+            bad(key, f"holds a value below {lo}")
+    if "default_pos" in r:
+        per_joint("recipe.default_pos", r["default_pos"])
+    for k in ("kp", "kd"):
+        if k in r.get("actuator", {}):
+            per_joint(f"recipe.actuator.{k}", r["actuator"][k], lo=0)
+    if "scale" in r.get("action", {}):
+        per_joint("recipe.action.scale", r["action"]["scale"])
+    if "policy_dt" in r and not (isinstance(r["policy_dt"], (int, float)) and r["policy_dt"] > 0):
+        bad("recipe.policy_dt", f"is {r['policy_dt']!r}, not a positive number of seconds")
+    terms = r.get("observation", {}).get("terms")
+    if terms is not None and not (isinstance(terms, list) and terms and all(isinstance(t, dict) for t in terms)):
+        bad("recipe.observation.terms", "is not a non-empty list of terms")
