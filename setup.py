@@ -47,8 +47,8 @@ extensions = [
               extra_compile_args=cflags, define_macros=macros),
     # the legged deploy units (issue 45): observation recipe and actuator, C headers beside their thin wrapper
     Extension("control_node.loop._legged", ["control_node/loop/_legged.pyx"],
-              depends=LEGGED_HEADERS,
-              include_dirs=[numpy.get_include(), "control_node/loop"],
+              depends=LEGGED_HEADERS + KERNEL_HEADERS,
+              include_dirs=[numpy.get_include(), "kernels", "control_node/loop"],
               extra_compile_args=cflags, define_macros=macros),
     # bench policy / bench recurrent's floor probe (timed read, multiply-add and clock loops): built with the
     # package so that a wheel measures floors without a compiler; its vector copies pick themselves at run time

@@ -497,3 +497,30 @@ def client_endpoints(path=None) -> dict:
     control = table.get("control")
     eps["control"] = endpoints.expand(str(control)) if control else endpoints.derive_control(eps["sensor"])
     return eps
+
+
+def toml_value(v) -> str:
+    """A value as TOML text (strings, booleans, numbers, arrays, inline tables)."""
+    import json
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, str):
+        return json.dumps(v)
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{k} = {toml_value(x)}" for k, x in v.items()) + "}"
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(toml_value(x) for x in v) + "]"
+    if isinstance(v, float):
+        return repr(v) if math.isfinite(v) else ("inf" if v > 0 else "-inf" if v < 0 else "nan")
+    return str(v)
+
+
+def section_toml(name: str, table: dict) -> str:
+    """``[name]`` with the table's plain keys, then ``[name.sub]`` for each sub-table (one level), as a config
+    file holds it (what ``read_toml`` reads back to the same dict)."""
+    out = [f"[{name}]"] + [f"{k} = {toml_value(v)}" for k, v in table.items() if not isinstance(v, dict)]
+    for k, v in table.items():
+        if isinstance(v, dict):
+            out.append(f"[{name}.{k}]")
+            out += [f"{kk} = {toml_value(vv)}" for kk, vv in v.items()]
+    return "\n".join(out) + "\n"

@@ -17,34 +17,16 @@ from support.nodeutil import ActionCollector, Robot, load_run, start_node
 from test_legged_cycle import QUAD, frames, isaaclab_quadruped, mlp
 from control_node import rundir
 from control_node.bench.harness import run_cli
+from control_node.config import section_toml
 from control_node.kernels import save_model
 from control_node.loop import legged as L
 
 TOL = dict(rtol=1e-9, atol=1e-9)
 
 
-def _toml_value(v):
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, str):
-        return json.dumps(v)
-    if isinstance(v, dict):
-        return "{" + ", ".join(f"{k} = {_toml_value(x)}" for k, x in v.items()) + "}"
-    if isinstance(v, (list, tuple)):
-        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
-    return repr(float(v)) if isinstance(v, float) else str(v)
-
-
 def legged_toml(recipe, **node_keys):
     """[legged] and its tables for a recipe dict (plus output / start_mode / sequence)."""
-    top = {k: v for k, v in recipe.items() if not isinstance(v, dict)}
-    top.update(node_keys)
-    out = ["[legged]"] + [f"{k} = {_toml_value(v)}" for k, v in top.items()]
-    for k, v in recipe.items():
-        if isinstance(v, dict):
-            out.append(f"[legged.{k}]")
-            out += [f"{kk} = {_toml_value(vv)}" for kk, vv in v.items()]
-    return "\n".join(out) + "\n"
+    return section_toml("legged", {**recipe, **node_keys})
 
 
 def _recipe():
