@@ -276,11 +276,58 @@ def _check_joint_names(path, terms, feature_names):
                                + ", ".join(feature_names[pos - t.width:pos]))
 
 
-def parse_recipe(raw_ros2, path, n_features=None, feature_names=None, action_names=None, history=1) -> Recipe:
-    """Check a ``[ros2]`` table (already read from TOML) against the model's widths and names."""
+LEGGED_TOPICS = {"joint_states": "/joint_states", "imu": "/imu/data", "command": "/cmd_vel"}
+
+
+def legged_observation(path, raw_legged_topics, legged) -> tuple[list, list]:
+    """The observation terms of a legged node's frame (control_node.loop.legged.frame_layout: joint_pos,
+    joint_vel by ``joints.robot``'s names, the Imu's orientation, angular velocity and linear acceleration, and
+    the Twist's (linear.x, linear.y, angular.z) command), from the node config's ``[legged]`` recipe and
+    ``[ros2.legged]``'s topics; and the command's joint names (``joints.actuators``, default ``joints.robot``).
+    One recipe serves every transport: nothing of the frame is written twice."""
+    key = "ros2.legged"
+    if not isinstance(raw_legged_topics, dict):
+        raise _bad(path, key, "is not a table", "write it as [ros2.legged] (topic names, all optional)")
+    for k in raw_legged_topics:
+        if k not in LEGGED_TOPICS:
+            raise _bad(path, f"{key}.{k}", "unknown key", f"use one of {sorted(LEGGED_TOPICS)}")
+    topics = {k: raw_legged_topics.get(k, v) for k, v in LEGGED_TOPICS.items()}
+    if not isinstance(legged, dict):
+        raise _bad(path, "legged", "missing: [ros2.legged] builds the frame of the node's [legged] recipe",
+                   "add the [legged] recipe (docs/legged.md), or list [[ros2.observation]] terms instead")
+    joints = legged.get("joints") or {}
+    robot = joints.get("robot")
+    if not isinstance(robot, list) or not robot or not all(isinstance(j, str) for j in robot):
+        raise _bad(path, "legged.joints.robot", f"missing or invalid ({robot!r})", "list the robot's joint names")
+    obs = legged.get("observation") or {}
+    if obs.get("quat_order") != "xyzw":
+        raise _bad(path, "legged.observation.quat_order", f"is {obs.get('quat_order')!r}; a ROS Imu's orientation "
+                   "is x, y, z, w", 'set quat_order = "xyzw" for a node fed through ROS 2')
+    n_cmd = obs.get("n_commands", 0)
+    if n_cmd not in (0, 3):
+        raise _bad(path, "legged.observation.n_commands", f"is {n_cmd!r}; the bridge's command is a Twist's "
+                   "(linear.x, linear.y, angular.z)", "use 3 (or 0: no command)")
+    js, imu, cmd = topics["joint_states"], topics["imu"], topics["command"]
+    terms = [{"topic": js, "type": "sensor_msgs/msg/JointState", "field": "position", "joints": list(robot)},
+             {"topic": js, "type": "sensor_msgs/msg/JointState", "field": "velocity", "joints": list(robot)},
+             {"topic": imu, "type": "sensor_msgs/msg/Imu", "field": "orientation"},
+             {"topic": imu, "type": "sensor_msgs/msg/Imu", "field": "angular_velocity"},
+             {"topic": imu, "type": "sensor_msgs/msg/Imu", "field": "linear_acceleration"}]
+    if n_cmd == 3:
+        terms += [{"topic": cmd, "type": "geometry_msgs/msg/Twist", "field": f} for f in ("linear.x", "linear.y",
+                                                                                           "angular.z")]
+    acts = joints.get("actuators") or robot
+    return terms, list(acts)
+
+
+def parse_recipe(raw_ros2, path, n_features=None, feature_names=None, action_names=None, history=1,
+                 legged=None) -> Recipe:
+    """Check a ``[ros2]`` table (already read from TOML) against the model's widths and names. With
+    ``[ros2.legged]``, the observation is the frame of the ``legged`` recipe (:func:`legged_observation`) and
+    the command is the legged node's (one value per actuator, or five rows for an impedance output)."""
     if not isinstance(raw_ros2, dict):
         raise _bad(path, "ros2", "missing or not a table", "add a [ros2] section (docs/ros2.md has an example)")
-    known = {"domain_id", "trigger", "max_age_ms", "qos", "observation", "action", "node_name"}
+    known = {"domain_id", "trigger", "max_age_ms", "qos", "observation", "action", "node_name", "legged"}
     for k in raw_ros2:
         if k not in known:
             raise _bad(path, f"ros2.{k}", "unknown key", f"use one of {sorted(known)}")
@@ -298,6 +345,14 @@ def parse_recipe(raw_ros2, path, n_features=None, feature_names=None, action_nam
     if not isinstance(age, (int, float)) or isinstance(age, bool) or not math.isfinite(age) or age <= 0:
         raise _bad(path, "ros2.max_age_ms", f"invalid value {age!r}", "use a number of ms > 0, e.g. 50")
     obs = raw_ros2.get("observation")
+    if "legged" in raw_ros2:
+        if obs is not None:
+            raise _bad(path, "ros2.observation", "is given beside [ros2.legged], which builds the observation "
+                       "from the [legged] recipe", "drop one of them")
+        obs, action_names = legged_observation(path, raw_ros2["legged"], legged)
+        n_features = feature_names = None       # the node checks the recipe against its policy
+        if (legged or {}).get("output", "torque") == "impedance":
+            action_names = None                 # five rows per actuator: a Float64MultiArray only
     if not isinstance(obs, list) or not obs:
         raise _bad(path, "ros2.observation", "missing: no observation terms",
                    'add [[ros2.observation]] tables (topic, type, field), one per term, in the policy\'s order')
@@ -343,6 +398,8 @@ def load_recipe(path, model=None, check_model=True) -> Recipe:
     raw = read_toml(path)
     n_features = feature_names = action_names = None
     history = 1
+    if "legged" in (raw.get("ros2") or {}):
+        check_model = False         # a legged node's frame is the robot's signals: the node checks its policy
     if check_model:
         from control_node.kernels import ModelFileError, load_model
         model = model or (raw.get("node") or {}).get("model")
@@ -359,7 +416,8 @@ def load_recipe(path, model=None, check_model=True) -> Recipe:
         history = (raw.get("policy") or {}).get("history", 1)
         if not isinstance(history, int) or isinstance(history, bool) or history < 1:
             raise _bad(path, "policy.history", f"invalid value {history!r}", "use an integer >= 1")
-    return parse_recipe(raw.get("ros2"), path, n_features, feature_names, action_names, history)
+    return parse_recipe(raw.get("ros2"), path, n_features, feature_names, action_names, history,
+                        legged=raw.get("legged"))
 
 
 # --- reading messages -------------------------------------------------------------------------------

@@ -1,0 +1,101 @@
+"""A legged node fed through ROS 2 (issue 45): a real rclpy robot peer publishes JointState (by name, in an
+order of its own, with a joint the recipe does not use), Imu and Twist; `control-node bridge ros2` builds the
+node's frame of raw signals from the config's [legged] recipe alone ([ros2.legged]: nothing written twice);
+the node runs the recipe, the policy and the PD, and every torque the peer receives equals the numpy
+reference of the whole deploy path (legged.DeployReference) for what the peer published.
+
+Every ROS 2 process runs in a private network namespace holding only ``lo`` with a private ROS_DOMAIN_ID
+(tests/test_ros2_bridge.py's fixtures)."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+pytest.importorskip("rclpy", reason="rclpy is missing: pip install -e '.[ros2]' (the ROS 2 wheels)")
+
+from support.nodeutil import load_run, start_node  # noqa: E402
+from test_ros2_bridge import netns, peer_result, run_peer, start_bridge, stop_bridge  # noqa: E402,F401
+from control_node.config import section_toml  # noqa: E402
+from control_node.kernels import ModelSpec, save_model  # noqa: E402
+from control_node.loop import legged as L  # noqa: E402
+
+POLICY = ["hip", "thigh", "knee"]
+ROBOT = ["knee", "hip", "thigh"]
+RECIPE = {"joints": {"policy": POLICY, "robot": ROBOT}, "default_pos": [0.0, 0.7, -1.4], "policy_dt": 0.001,
+          "observation": {"terms": [{"kind": "gyro", "scale": 0.25}, {"kind": "projected_gravity"},
+                                    {"kind": "command"}, {"kind": "joint_pos_rel"}, {"kind": "joint_vel", "scale": 0.05},
+                                    {"kind": "last_action"}],
+                          "quat_order": "xyzw", "n_commands": 3},
+          "action": {"scale": 0.25},
+          "actuator": {"kp": 20.0, "kd": 0.5, "tau_max": 100.0},
+          "modes": {"policy_without_stand": True}}
+
+
+def _frame_msgs(rng, k):
+    """The k-th robot state: JointState in the peer's own order (plus an unused joint), Imu, Twist."""
+    q = {"hip": 0.1 * rng.normal(), "thigh": 0.7 + 0.1 * rng.normal(), "knee": -1.4 + 0.1 * rng.normal()}
+    qd = {j: rng.normal() for j in POLICY}
+    quat = rng.normal(0, 0.05, 4) + [0, 0, 0, 1.0]
+    quat /= np.linalg.norm(quat)
+    gyro, acc = rng.normal(0, 0.3, 3), rng.normal(0, 1, 3) + [0, 0, 9.81]
+    cmd = [0.4, 0.05 * k % 0.2, -0.1]
+    names = ["thigh", "wheel", "knee", "hip"]
+    js = {"publish": "/joint_states", "type": "sensor_msgs/msg/JointState",
+          "msg": {"name": names, "position": [q.get(n, 3.0) for n in names],
+                  "velocity": [qd.get(n, 9.0) for n in names]}}
+    imu = {"publish": "/imu/data", "type": "sensor_msgs/msg/Imu", "expect": "none", "timeout_s": 0.05,
+           "msg": {"orientation": dict(zip("xyzw", quat.tolist())),
+                   "angular_velocity": dict(zip("xyz", gyro.tolist())),
+                   "linear_acceleration": dict(zip("xyz", acc.tolist()))}}
+    tw = {"publish": "/cmd_vel", "type": "geometry_msgs/msg/Twist", "expect": "none", "timeout_s": 0.05,
+          "msg": {"linear": {"x": cmd[0], "y": cmd[1]}, "angular": {"z": cmd[2]}}}
+    frame = np.r_[[q[j] for j in ROBOT], [qd[j] for j in ROBOT], quat, gyro, acc, cmd]
+    return imu, tw, js, frame
+
+
+@pytest.mark.slow
+def test_a_legged_node_through_the_ros2_bridge_publishes_the_reference_torques(netns, tmp_path):  # noqa: F811
+    op, ap = L.build_plans(RECIPE)
+    rng = np.random.default_rng(21)
+    W = rng.normal(0, 0.3, (op.out_width, 3))
+    spec = ModelSpec(layers=[(W, np.zeros(3))], mean=0.0, scale=1.0, classes=[], head="continuous",
+                     feature_names=[f"o{i}" for i in range(op.out_width)], activations=["identity"],
+                     action_names=POLICY)
+    model = tmp_path / "legged.npz"
+    save_model(spec, model)
+    extra = ("[loop]\nclock = \"sensor\"\n[watchdog]\nstale_after_ms = 20000\n"
+             + section_toml("legged", {**RECIPE, "output": "torque", "sequence": [[0.0, "policy"]]})
+             + "[ros2]\ntrigger = \"/joint_states\"\nmax_age_ms = 5000\n[ros2.legged]\n"
+             + "[ros2.action]\ntopic = \"/cmd\"\ntype = \"std_msgs/msg/Float64MultiArray\"\n")
+    node, cfg = start_node(tmp_path, str(model), extra=extra)
+    bridge = start_bridge(netns, cfg, model, tmp_path / "bridge")
+    msgs = [_frame_msgs(rng, k) for k in range(16)]
+    hs = msgs[0]
+    steps = [{"until_command": [hs[0], hs[1], hs[2]], "gap_s": 0.05, "every_s": 0.3, "timeout_s": 30,
+              "settle_s": 0.3}]
+    for imu, tw, js, _ in msgs[1:]:
+        steps += [imu, tw, js]
+    peer, out = run_peer(netns, tmp_path, steps)
+    res = peer_result(peer, out)
+    br, _ = stop_bridge(bridge, tmp_path / "bridge")
+    rc, nout, nerr, run_dir = node.stop()
+    assert rc == 0, nerr
+    summary, arrays = load_run(run_dir)
+    n_hs = summary["frames_valid"] - (len(msgs) - 1)           # the handshake's frames (all of msgs[0])
+    assert n_hs >= 1 and br["frames_sent"] == summary["frames_valid"], (n_hs, br, summary["frames_valid"])
+    ref = L.DeployReference(op, ap, spec, "torque", [(0, "policy")])
+    t = arrays["t_tick_ns"]
+    want = []
+    for c in range(summary["cycles"]):
+        frame = msgs[0][3] if c < n_hs else msgs[c - n_hs + 1][3]
+        want.append(ref.cycle(c, int(t[c]), frame, bool(arrays["flags"][c] & 64))[0])
+    st = res["steps"]
+    for k in range(1, len(msgs)):
+        got = st[3 * k]["commands"]          # the JointState step of frame k (after its Imu and Twist)
+        assert len(got) == 1, (k, st[3 * k])
+        np.testing.assert_allclose(got[0], want[n_hs + k - 1], rtol=1e-9, atol=1e-9, err_msg=f"frame {k}")
+    assert summary["legged"]["transitions"][0]["to"] == "policy"
+    assert br["frames_withheld"] == {} or set(br["frames_withheld"]) <= {"never_received"}, br["frames_withheld"]
+    print(json.dumps({"frames": summary["frames_valid"], "handshake": n_hs}))
