@@ -30,7 +30,15 @@ the model dtype; int8: per-output-channel symmetric, float32 scales). The error 
 measured over the proof's observations and edge samples (max and p99 |action error|, and relative to each
 action's range), written into the model file and shown by `policy status`; above --tolerance (default 1e-3 of
 the action range for f16 / bf16, 1e-2 for int8) the import is refused naming the worst action and observation.
-f32 (the default) keeps the model dtype: exact."""
+f32 (the default) keeps the model dtype: exact.
+
+Deploy contract (issue 45): the policy's side of a legged recipe is read wherever the exporter wrote it and kept
+in the model file (field deploy): mjlab's ONNX metadata_props (joint_names, joint_stiffness, joint_damping,
+default_joint_pos, action_scale, observation_names, command_names) and unitree_rl_lab's deploy.yaml
+(joint_ids_map, step_dt, stiffness, damping, default_joint_pos, the action's scale / offset / clip, the
+observation terms with scale, clip and history_length). A node whose [legged] omits these values takes them
+from the model; `control-node deploy-config MODEL` prints the node config it implies. What cannot be mapped
+(e.g. a base_lin_vel term) is refused naming the key; --no-deploy-contract imports the weights alone."""
 
 
 def register(sub):
@@ -47,6 +55,14 @@ def register(sub):
                    help="raw observations (n, n_features) the proof must include (e.g. logged from the robot)")
     p.add_argument("--n-random", type=int, default=2000, metavar="N",
                    help="random observations in the proof besides --check-obs (default: %(default)s)")
+    p.add_argument("--deploy-yaml", metavar="FILE",
+                   help="unitree_rl_lab's deploy.yaml of this policy (default: deploy.yaml or params/deploy.yaml "
+                        "beside FILE or beside its folder, when there is one)")
+    p.add_argument("--sdk-joints", metavar="NAMES",
+                   help="comma-separated joint names in the robot SDK's motor order: they name deploy.yaml's "
+                        "joints through its joint_ids_map (default: sdk_<motor index>)")
+    p.add_argument("--no-deploy-contract", action="store_true",
+                   help="do not read the deploy contract (mjlab metadata_props, deploy.yaml) into the model file")
     add_weights_args(p)
     return p
 
@@ -86,6 +102,8 @@ def run(args):
         raise UserError(f"--n-random {args.n_random}: must be >= 0")
     if args.tolerance is not None and not args.tolerance > 0:
         raise UserError(f"--tolerance {args.tolerance}: must be > 0 (a fraction of the action's range, e.g. 1e-3)")
+    if args.no_deploy_contract and (args.deploy_yaml or args.sdk_joints):
+        raise UserError("--no-deploy-contract with --deploy-yaml / --sdk-joints: pass one or the other")
     if os.path.splitext(args.file)[1].lower() == ".onnx":
         try:        # a broken graph's refusal is one line: onnxruntime's own log lines would add to it
             import onnxruntime
@@ -96,7 +114,8 @@ def run(args):
     max_bytes = int(defaults()["lifecycle"]["max_resident_mb"] * (1 << 20))
     spec, proof = import_policy(args.file, obs_norm=args.obs_norm, dtype=args.dtype, check_X=check_X,
                                 n_random=args.n_random, kernel=Policy, max_bytes=max_bytes, weights=args.weights,
-                                tolerance=args.tolerance)
+                                tolerance=args.tolerance, contract=not args.no_deploy_contract,
+                                deploy_yaml=args.deploy_yaml, sdk_joints=_names(args.sdk_joints))
     out = args.out or os.path.splitext(args.file)[0] + ".npz"
     if os.path.abspath(out) == os.path.abspath(args.file):
         raise UserError(f"--out {out} would overwrite the policy file; pass another path")
@@ -104,3 +123,8 @@ def run(args):
     save_model(spec, out)
     print(f"wrote {out} (sha256 {spec.sha256[:16]}, {len(spec.check_X)} check observations, {spec.weights} weights)")
     return 0
+
+
+def _names(text):
+    """A comma-separated list of names (None for none)."""
+    return None if text is None else [n.strip() for n in text.split(",") if n.strip()]

@@ -39,7 +39,8 @@ __all__ = ["ImportRefused", "import_policy", "describe", "SUFFIXES"]
 
 
 def import_policy(path, *, obs_norm=None, dtype=None, check_X=None, n_random=2000, seed=0, kernel=None,
-                  max_bytes=MAX_TENSOR_BYTES, weights=None, tolerance=None):
+                  max_bytes=MAX_TENSOR_BYTES, weights=None, tolerance=None, contract=False, deploy_yaml=None,
+                  sdk_joints=None):
     """Import the policy in ``path`` (.onnx, or TorchScript .pt / .pth / .jit).
 
     ``obs_norm``: path of SB3 VecNormalize statistics kept outside the graph (.npz with mean, var,
@@ -54,6 +55,11 @@ def import_policy(path, *, obs_norm=None, dtype=None, check_X=None, n_random=200
     error against the float32 policy is measured through ``kernel`` (required then) over the proof's rows and
     edge samples, refused above ``tolerance`` (default kernels.weights.DEFAULT_TOLERANCE, a fraction of each
     action's range), and kept in ``spec.weights_error`` and ``proof['weights']``.
+
+    ``contract``: read the deploy contract wherever the exporter wrote one (deploy_contract.py: mjlab's
+    metadata_props, unitree_rl_lab's deploy.yaml beside the file) into ``spec.deploy``; ``deploy_yaml``: that
+    deploy.yaml's path (read whatever ``contract`` says); ``sdk_joints``: the SDK's joint names in motor order,
+    which name deploy.yaml's joints (else ``sdk_<k>``). What cannot be mapped is refused naming the key.
 
     Returns ``(spec, proof)``: a continuous-head :class:`ModelSpec` whose ``check_X`` holds (up to 256
     of) the observations it was proved on, and the proof dict (``reference``, ``samples``,
@@ -103,6 +109,9 @@ def import_policy(path, *, obs_norm=None, dtype=None, check_X=None, n_random=200
         if not np.isfinite(check_X).all():
             raise ImportRefused(file, "check_X", "contains NaN or Inf", "pass finite observations")
 
+    deploy = None
+    if contract or deploy_yaml is not None:
+        deploy = _deploy_contract(path, file, source, n, folded.n_actions, deploy_yaml, sdk_joints)
     try:
         spec = ModelSpec(
             layers=folded.layers, mean=mean, scale=scale, classes=[],
@@ -111,7 +120,7 @@ def import_policy(path, *, obs_norm=None, dtype=None, check_X=None, n_random=200
             norm_clip_low=norm_clip[0], norm_clip_high=norm_clip[1], head="continuous",
             action_names=meta["action_names"], squash=folded.squash, action_low=folded.action_low,
             action_high=folded.action_high, action_offset=meta["action_offset"], action_scale=meta["action_scale"],
-            source=source, **folded.rnn_fields())
+            source=source, deploy=deploy, **folded.rnn_fields())
         validate_spec(spec, file)
     except ModelFileError as e:
         raise ImportRefused(file, f"field '{e.field}'", e.problem, e.fix) from None
@@ -140,6 +149,23 @@ def import_policy(path, *, obs_norm=None, dtype=None, check_X=None, n_random=200
         spec.check_X = X[:P.CHECK_ROWS].copy()
         proof["weights"] = spec.weights_error
     return spec, proof
+
+
+def _deploy_contract(path, file, source, n_features, n_actions, deploy_yaml, sdk_joints):
+    """The deploy contract of the policy at ``path`` (None when the exporter wrote none)."""
+    from control_node.kernels.importers import deploy_contract as D
+    meta = source.get("metadata_props") or {}
+    from_meta = D.from_metadata(file, meta, n_features, n_actions, source.get("sha256", ""))
+    yml = deploy_yaml if deploy_yaml is not None else D.find_deploy_yaml(path)
+    if yml is not None and not os.path.isfile(yml):
+        raise ImportRefused(file, "--deploy-yaml", f"no such file {yml}", "give the deploy.yaml's path")
+    from_yaml = D.from_deploy_yaml(yml, n_features, n_actions, sdk_joints) if yml is not None else None
+    if from_meta is not None and from_yaml is not None and sdk_joints is None and "joints" in from_meta["recipe"]:
+        # deploy.yaml names no joints: the metadata's names, in the same (policy) order, name them
+        from_yaml["recipe"]["joints"] = from_meta["recipe"]["joints"]
+        from_yaml["from"]["keys"]["joints.policy"] = from_meta["from"]["keys"]["joints.policy"]
+        from_yaml["from"]["notes"] = [x for x in from_yaml["from"]["notes"] if "names no joints" not in x]
+    return D.merge(file, from_meta, from_yaml)
 
 
 class _Reading:
@@ -392,6 +418,8 @@ def describe(spec, proof) -> str:
     lines.append(f"  head          {r.get('head', spec.head)}")
     for note in r.get("metadata", []):
         lines.append(f"  metadata      {note}")
+    if spec.deploy:
+        lines += describe_contract(spec.deploy)
     for d in r.get("dropped", []):
         lines.append(f"  dropped       {d}")
     for w in r.get("warnings", []):
@@ -412,3 +440,26 @@ def describe(spec, proof) -> str:
     else:
         lines.append(f"compiled kernel: {k}")
     return "\n".join(lines)
+
+
+def describe_contract(deploy) -> list:
+    """Lines naming what the deploy contract holds and where each value came from (for the CLI)."""
+    r, src = deploy.get("recipe", {}), deploy.get("from", {})
+    keys = src.get("keys", {})
+    lines = [f"  deploy        contract from {src.get('exporter', '?')} ({src.get('file', '?')}):"]
+    terms = r.get("observation", {}).get("terms")
+    for dotted in sorted(keys):
+        sec, _, sub = dotted.partition(".")
+        v = r.get(sec, {}).get(sub) if sub else r.get(sec)
+        if dotted == "observation.terms" and terms:
+            v = ", ".join(t.get("name", t["kind"]) + (f"->{t['kind']}" if t.get("name") != t["kind"] else "")
+                          + (f" x{t['history']}" if t.get("history", 1) > 1 else "") for t in terms)
+        elif dotted == "joints.policy" and v:
+            v = f"{len(v)} joints ({v[0]}, ..., {v[-1]})"
+        elif isinstance(v, list) and len(v) > 4:
+            v = "[" + ", ".join(f"{x:g}" for x in v[:3]) + f", ... ({len(v)})]" if all(
+                isinstance(x, (int, float)) for x in v) else f"{len(v)} values"
+        lines.append(f"    {dotted:<22}{v}  <- {keys[dotted]}")
+    for note in src.get("notes", []):
+        lines.append(f"    note: {note}")
+    return lines
