@@ -177,6 +177,12 @@ def load_config(path=None, overrides: dict | None = None) -> dict:
     cfg["endpoints"] = {k: endpoints.expand(v) for k, v in cfg["endpoints"].items()}
     if not cfg["endpoints"]["control"]:
         cfg["endpoints"]["control"] = endpoints.derive_control(cfg["endpoints"]["sensor"])
+    if isinstance(cfg["node"]["model"], str) and cfg["node"]["model"].startswith(endpoints.PACKAGE_SCHEME):
+        try:
+            cfg["node"]["model"] = endpoints.packaged_file(cfg["node"]["model"])
+        except FileNotFoundError as e:
+            raise ConfigError(path, "node.model", str(e), "name a file the package ships (package://IMPORT_NAME/"
+                              "FILE, e.g. package://control_node.train/quadruped_policy.onnx), or a path") from None
     cfg["source"] = os.fspath(path)
     return cfg
 

@@ -26,6 +26,26 @@ def default_config(name: str = "node.toml") -> str:
     return os.fspath(ref)
 
 
+PACKAGE_SCHEME = "package://"
+
+
+def packaged_file(path: str) -> str:
+    """``package://IMPORT_NAME/FILE`` (a file shipped inside an installed package, as ROS's ``package://``
+    names one inside a ROS package) -> its path on disk, read with importlib.resources; any other path as
+    given. ``package://control_node.train/quadruped_policy.onnx`` is the walking policy made here. A name
+    that is not there raises FileNotFoundError naming it."""
+    if not isinstance(path, str) or not path.startswith(PACKAGE_SCHEME):
+        return path
+    pkg, _, name = path[len(PACKAGE_SCHEME):].partition("/")
+    try:
+        ref = resources.files(pkg).joinpath(name) if name else None
+    except (ModuleNotFoundError, TypeError, ValueError):
+        ref = None
+    if ref is None or not ref.is_file():
+        raise FileNotFoundError(f"{path}: no file {name or '(none)'} in the installed package {pkg or '(none)'}")
+    return os.fspath(ref)
+
+
 def runtime_dir() -> str:
     """``$XDG_RUNTIME_DIR/control-node``, or ``/tmp/control-node-UID`` without it."""
     base = os.environ.get("XDG_RUNTIME_DIR")

@@ -262,13 +262,19 @@ def launch(config=None, duration=None, record=None, run_dir=None, ensure_model=N
     sensor tap and state stream for it."""
     from control_node.errors import UserError
     from control_node.config import client_endpoints as load_endpoints
-    from control_node.endpoints import default_config
+    from control_node.endpoints import PACKAGE_SCHEME, default_config
     config = config or default_config("demo.toml")
     raw = read_launch_config(config)
     lc = raw.get("launch", {}) or {}
     ch = raw.get("children", {}) or {}
     duration = float(duration if duration is not None else lc.get("duration", 10.0))
     model = (raw.get("node", {}) or {}).get("model", os.path.join("models", "iris.npz"))
+    if isinstance(model, str) and model.startswith(PACKAGE_SCHEME):
+        from control_node.endpoints import packaged_file
+        try:
+            model = packaged_file(model)        # shipped: never trained here
+        except FileNotFoundError as e:
+            raise UserError(f"{config}: [node] model: {e}. Fix: reinstall control-node, or name a model file") from None
     node_cfg = ch.get("node", {}) or {}
     sim_cfg = ch.get("sim", {}) or {}
     rep_cfg = ch.get("replay", {}) or {}
@@ -328,7 +334,8 @@ def launch(config=None, duration=None, record=None, run_dir=None, ensure_model=N
         sim_args = [str(a) for a in sim_cfg.get("args", [])]
         d_cmd = py + ["sim", *sim_args, "--config", config,
                       "--run-dir", os.path.join(run_dir, driver), "--duration", f"{duration:g}"]
-        if "command" not in node_cfg and not {"--model", "--features"} & set(sim_args) and _continuous(model):
+        if "command" not in node_cfg and not {"--model", "--features"} & set(sim_args) and sim_args[:1] != \
+                ["mujoco"] and _continuous(model):
             # a continuous policy: the sim streams its observation width and checks its actions
             d_cmd += ["--model", os.path.abspath(model)]
         d_restart = bool(sim_cfg.get("restart", False))

@@ -10,8 +10,9 @@ def register(sub):
                                    "control score). Trains the model if it is missing.")
     p.add_argument("config", nargs="?", default=None,
                    help="launch config, also the node's config: a file, or a packaged one by name: demo (the "
-                        "default: iris classifier and the gauss stream) or pendulum (a continuous policy "
-                        "balancing the pendulum simulator)")
+                        "default: iris classifier and the gauss stream), pendulum (a continuous policy "
+                        "balancing the pendulum simulator) or quadruped (the walking policy made here on the "
+                        "MuJoCo quadruped through the node's [legged] recipe; the mujoco extra)")
     p.add_argument("--print-config", action="store_true",
                    help="print the launch config (the packaged one named, default demo) and exit: copy it to "
                         "start your own")
@@ -54,7 +55,7 @@ def ensure_model(path, task="iris"):
     say(f"trained {' -> '.join(map(str, spec.layer_sizes))}, test accuracy {spec.test_accuracy:.4f}; wrote {path}")
 
 
-PACKAGED = ("demo", "pendulum", "pendulum_gru", "pendulum_ros2")
+PACKAGED = ("demo", "pendulum", "pendulum_gru", "pendulum_ros2", "quadruped")
 
 
 def resolve_config(config):

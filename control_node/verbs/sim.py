@@ -10,15 +10,18 @@ def register(sub):
                                    "action vectors are recorded (roundtrip.npz `u`) and, with --model, compared "
                                    "with the policy's own answer for each frame. "
                                    "Writes summary.json and roundtrip.npz to the run directory.")
-    p.add_argument("stream", nargs="?", choices=["gauss", "iris", "replay", "pendulum"], default="gauss",
+    p.add_argument("stream", nargs="?", choices=["gauss", "iris", "replay", "pendulum", "mujoco"], default="gauss",
                    help="gauss: per-class Gaussians fitted to iris, regime switching; iris: the real samples; "
                         "replay FILE: an MCAP recording's /sensor stream; pendulum: a torque-limited pendulum "
                         "(RK4 physics, closed loop with a continuous policy, scored: time to upright, RMS error, "
-                        "falls) (default: %(default)s)")
-    p.add_argument("file", nargs="?", help="the recording, for the replay stream")
+                        "falls); mujoco [MODEL.xml]: a legged robot in MuJoCo (any MJCF with a floating base and an "
+                        "IMU; default the packaged quadruped) closed loop with a node running a [legged] recipe, "
+                        "scored as a walk (default: %(default)s)")
+    p.add_argument("file", nargs="?", help="the recording, for the replay stream; the MJCF, for mujoco")
     p.add_argument("--config", help="node config whose [endpoints] to use (default: the packaged node.toml)")
-    p.add_argument("--rate", type=float, default=1000.0, help="frames per second (default: %(default)s); "
-                   "for replay: speed factor of the recorded schedule (default 1.0)")
+    p.add_argument("--rate", type=float, default=None, help="frames per second (default: 1000); "
+                   "for replay: speed factor of the recorded schedule (default 1.0); for mujoco: the control rate, "
+                   "the physics rate divided by a whole number (default: the physics rate, a frame per step)")
     p.add_argument("--duration", type=float, default=None,
                    help="seconds to stream (default: 5 for gauss, one pass of 150 samples for iris)")
     p.add_argument("--lockstep", action="store_true",
@@ -51,12 +54,41 @@ def register(sub):
                     help="start angle in rad, 0 = upright (default: pi, hanging)")
     pe.add_argument("--push-every", type=float, default=0.0, metavar="S",
                     help="push the pendulum every S seconds (default: never)")
-    pe.add_argument("--push", type=float, default=2.0, help="push size: added theta_dot in rad/s (default: %(default)s)")
+    pe.add_argument("--push", type=float, default=None,
+                    help="push size: added theta_dot in rad/s (default: 2); mujoco: a horizontal velocity impulse "
+                         "on the base in m/s, in a direction drawn from --seed (default: 0.3)")
     pe.add_argument("--ros2", action="store_true",
                     help="be a ROS 2 robot instead of a ZeroMQ client: publish sensor_msgs/msg/JointState on "
                          "/joint_states (joint 'theta': position, velocity, effort) and take effort commands as "
                          "std_msgs/msg/Float64MultiArray on /pendulum_controller/commands (run `control-node bridge "
                          "ros2` beside the node; configs/pendulum_ros2.toml). Needs rclpy (control-node[ros2])")
+    mj = p.add_argument_group(
+        "mujoco", "the robot of a legged node: --config is the node's config, whose [legged] recipe gives the frame "
+                  "layout (joint_pos, joint_vel by joints.robot's names, imu_quat in observation.quat_order, "
+                  "imu_gyro, imu_acc, the command's n_commands values) and the output the node publishes. Joints "
+                  "are matched to the MJCF's by name. Each control step sends one frame and applies the node's "
+                  "newest command: torque -> the motors (clipped to ctrlrange, counted); position -> position "
+                  "actuators' targets, or on motors a PD here at physics rate with the recipe's kp, kd; impedance "
+                  "-> a PD here at physics rate with the command's q*, qd*, kp, kd, tau_ff. Real time: physics paced "
+                  "to wall time; --lockstep: each frame waits for the command carrying its seq. The walk is scored "
+                  "while the node is in policy mode: time upright, falls, distance, mean velocity against the "
+                  "command, tracking error, torque peak and RMS (summary.json, one printed line). --delay-us, "
+                  "--drop (each command lost with probability P), --push-every/--push and --duration apply too")
+    mj.add_argument("--dt", type=float, default=None, metavar="S",
+                    help="physics step in seconds (default: the model's <option timestep>)")
+    mj.add_argument("--keyframe", default=None, metavar="NAME",
+                    help="start from this keyframe (default: \"home\" when the model has it, else qpos0); the "
+                         "packaged quadruped has \"crouch\": lying, for the node's stand-up ramp")
+    mj.add_argument("--cmd", default="0:0.4", metavar="SCHEDULE",
+                    help="velocity command schedule, seconds from the start: TIME:VX[,VY][@YAW_RATE],... e.g. "
+                         "\"0:0,3:0.4,10:0.4@0.5\" (default: %(default)s)")
+    mj.add_argument("--pd-in-sim", action="store_true",
+                    help="the PD runs here at physics rate from the node's impedance commands (the baseline to "
+                         "compare with the node's PD at its loop rate, output \"torque\"); refused when the node "
+                         "publishes torques")
+    mj.add_argument("--damp-before-end", type=float, default=None, metavar="S",
+                    help="ask the node for damping (its control endpoint, as `control-node mode damping`) S seconds "
+                         "before the end")
     c = p.add_argument_group("continuous policies")
     c.add_argument("--model", metavar="PATH",
                    help="the node's model file: the gauss stream takes its width, and for a continuous policy "
@@ -129,6 +161,10 @@ def run(args):
     eps = load_endpoints(args.config)
     if args.stream == "pendulum":
         return _pendulum(args, eps, client_curve_from_config_path(args.config))
+    if args.stream == "mujoco":
+        return _mujoco(args, eps, client_curve_from_config_path(args.config))
+    if args.rate is None:
+        args.rate = 1000.0
     policy = None
     if args.model:
         import os
@@ -172,7 +208,7 @@ def run(args):
         else:
             if not args.file:
                 raise UserError("the replay stream needs a FILE: control-node sim replay FILE.mcap")
-            rate = 1.0 if args.rate == 1000.0 else args.rate
+            rate = 1.0 if args.rate == 1000.0 else args.rate      # --rate given: a speed factor
             st = streams.replay_stream(args.file, rate=rate, duration=args.duration)
     except ValueError as e:
         raise UserError(str(e))
@@ -236,7 +272,9 @@ def _pendulum(args, eps, curve):
         if spec.layer_sizes[0] != 3 or spec.head != "continuous":
             raise UserError(f"--model {args.model} is not a pendulum policy (takes {spec.layer_sizes[0]} "
                             f"observations, {spec.head} head); the pendulum sends 3 and needs a torque")
-    rate = args.rate
+    rate = 1000.0 if args.rate is None else args.rate
+    if args.push is None:
+        args.push = 2.0
     opts = dict(rate_hz=rate, physics_hz=args.physics_hz, delay_us=args.delay_us, drop=args.drop, noise=args.noise,
                 push_every_s=args.push_every, push=args.push, seed=args.seed, handshake_timeout=args.timeout,
                 lockstep=args.lockstep)
@@ -272,6 +310,70 @@ def _pendulum(args, eps, curve):
     rt = summary["round_trip_ns"]
     print(f"frames sent {summary['frames_sent']}, answered {summary['frames_answered']}, safe actions "
           f"{summary['safe_actions']}; round trip p50 {engine.fmt_ms(rt['p50'])} p99 {engine.fmt_ms(rt['p99'])}")
+    print(summary["control"]["line"])
+    print(f"run directory: {run_dir}", flush=True)
+    return 0
+
+
+def _mujoco(args, eps, curve):
+    import os
+    import sys
+
+    from control_node.errors import UserError
+    from control_node.sim import engine
+    from control_node.sim.mujoco_client import LeggedSide, MujocoClient, build_robot, summarize, write_run_dir
+    from control_node.sim.mujoco_robot import CommandSchedule
+    if args.model or args.features or args.ros2:
+        raise UserError("sim mujoco takes the node's config, not " + ("--model" if args.model else "--features"
+                        if args.features else "--ros2") + ": the frame layout and output come from its [legged] "
+                        "recipe. Fix: drop it and pass --config NODE_CONFIG")
+    if args.file is not None and not os.path.isfile(args.file):
+        raise UserError(f"model {args.file}: no such file. Fix: pass the path of an MJCF (.xml), or none for the "
+                        "packaged quadruped")
+    if args.delay_us < 0 or not 0 <= args.drop < 1:
+        raise UserError("--delay-us must be >= 0 and --drop a probability in [0, 1)")
+    side = LeggedSide(args.config)
+    schedule = CommandSchedule.parse(args.cmd)
+    duration = 10.0 if args.duration is None else float(args.duration)
+    dt_probe = args.dt
+    robot = build_robot(args.file, side, dt=dt_probe, drop=args.drop, seed=args.seed, keyframe=args.keyframe)
+    latency = int(round(args.delay_us * 1e-6 / robot.dt))
+    robot.latency_steps = latency
+    push = 0.3 if args.push is None else float(args.push)
+    damp_at = None if args.damp_before_end is None else max(0.0, duration - float(args.damp_before_end))
+    tap = None if args.tap is None else (eps["sensor_tap"] if args.tap == "auto" else args.tap)
+    client = MujocoClient(eps, side, robot, curve=curve, rate_hz=args.rate, schedule=schedule,
+                          push_every_s=args.push_every, push=push, seed=args.seed, lockstep=args.lockstep,
+                          pd_in_sim=args.pd_in_sim, timeout=args.timeout, tap=tap, damp_at_s=damp_at,
+                          control_endpoint=eps.get("control"))
+    run_dir = args.run_dir or engine.new_run_dir("sim")
+    pd = client.pd
+    where = {"node": f"the node's PD at {pd['rate_hz']:g} Hz", "sim": f"PD here at physics rate {pd['rate_hz']:g} Hz "
+             f"({pd['gains']} gains)", "actuator": "the MJCF's position actuators"}[pd["where"]]
+    print(f"sim: mujoco {robot.path}: {len(side.out_joints)} joints by name, {robot.kind} actuators, IMU site "
+          f"{robot.imu_site}, physics {1 / robot.dt:g} Hz, frames {client.rate_hz:g} Hz, "
+          f"{'lockstep' if args.lockstep else 'real time'}; node output {side.output}: {where}; command {schedule}"
+          + (f"; added latency {latency} steps" if latency else ""), flush=True)
+    try:
+        with engine.Stopper() as stopper:
+            try:
+                res = client.run(duration, stopper=stopper)
+            except KeyboardInterrupt:
+                print("sim: interrupted before the node answered", file=sys.stderr)
+                return 130
+    finally:
+        client.close()
+    settings = {"kind": "mujoco", "model": robot.path, "dt": robot.dt, "rate_hz": client.rate_hz,
+                "keyframe": args.keyframe, "cmd": str(schedule), "delay_us": args.delay_us,
+                "latency_steps": latency, "drop": args.drop, "push_every_s": args.push_every, "push": push,
+                "seed": args.seed, "duration_s": duration, "lockstep": args.lockstep, "pd_in_sim": args.pd_in_sim,
+                "damp_before_end_s": args.damp_before_end, "tap": tap}
+    summary = summarize(res, client, settings)
+    write_run_dir(run_dir, summary, res)
+    rt = summary["round_trip_ns"]
+    print(f"frames sent {summary['frames_sent']}, answered {summary['frames_answered']}, commands applied "
+          f"{summary['commands_applied']} (dropped {summary['commands_dropped']}), torque clipped "
+          f"{summary['torque_clipped']}, clock slips {summary['slips']['count']}; round trip p50 {engine.fmt_ms(rt['p50'])} p99 {engine.fmt_ms(rt['p99'])}")
     print(summary["control"]["line"])
     print(f"run directory: {run_dir}", flush=True)
     return 0
