@@ -11,8 +11,9 @@ import importlib
 import sys
 
 VERBS = ["run", "launch", "sim", "record", "replay", "export", "report", "top", "hz", "echo", "live",
-         "train", "import", "policy", "mode", "bench", "keys", "doctor", "bridge"]
-MODULES = {"import": "importer"}    # a verb that is a Python keyword lives in a module of another name
+         "train", "import", "deploy-config", "policy", "mode", "bench", "keys", "doctor", "bridge"]
+# a verb that is a Python keyword or holds a dash lives in a module of another name
+MODULES = {"import": "importer", "deploy-config": "deploy_config"}
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -11,6 +11,13 @@ policy_dt, observation terms, action scale, actuator gains and limits, modes) an
   ...]``; an entry waits for a fresh frame (the robot connected: a stand ramps from the measured pose), and a
   policy entry for the stand to complete.
 
+The deploy contract lives with the model, the robot in the config (issue 45, decision 5): when the model file
+carries a contract (kernels/model_file.py ``deploy``, read by ``control-node import``), every recipe value it
+holds (joints.policy, default_pos, policy_dt, the observation terms, action.scale, actuator.kp / kd, a target
+clip) that ``[legged]`` omits is taken from it; a value both give must be the same, else the node refuses to
+start naming both (never silently preferring one). ``[legged]`` keeps the robot's side: joints.robot /
+actuators, limits (tau_max, q_lo / q_hi), modes, quat_order, output.
+
 The node owns two of the actuator's settings: its period is ``1 / [loop] rate_hz`` and its stale limit is
 ``[watchdog] stale_after_ms``; a recipe that states other values is refused. The recipe's ``policy_dt``
 must be the node's policy period (``decimation / rate_hz``): the gait clock counts policy ticks of it.
@@ -50,6 +57,16 @@ def build_legged(cfg: dict, policy, decimation: int, capacity: int):
         raise ConfigError(src, "policy.history", f"is {cfg['policy']['history']} with a [legged] recipe",
                           "set it to 1: the recipe keeps each term's history (observation.history)")
     recipe = {k: v for k, v in raw.items() if k not in NODE_KEYS}
+    contract = getattr(spec, "deploy", None)
+    if contract:
+        recipe = with_contract(recipe, contract, src, int(policy.n_features), int(policy.n_actions))
+        if "policy_dt" in contract.get("recipe", {}) and "policy_dt" not in raw:
+            dt = float(contract["recipe"]["policy_dt"])
+            if not np.isclose(dt, decimation / rate, rtol=1e-9, atol=0):
+                raise ConfigError(src, "loop.policy_rate_hz", f"makes the policy period {decimation / rate:g} s "
+                                  f"(decimation {decimation} at {rate:g} Hz); the model's deploy contract says "
+                                  f"policy_dt = {dt:g} s ({_origin(contract, 'policy_dt')})",
+                                  f"set loop.policy_rate_hz = {1.0 / dt:g}, the policy's training rate")
     act = dict(recipe.get("actuator") or {})
     own = {"period": 1.0 / rate, "stale_after": float(cfg["watchdog"]["stale_after_ms"]) / 1e3}
     for key, value in own.items():
@@ -93,6 +110,91 @@ def build_legged(cfg: dict, policy, decimation: int, capacity: int):
         raise ConfigError(src, "legged.start_mode", str(e), "start passive, then request stand") from None
     lc.set_sequence(entries)
     return lc
+
+
+def _origin(contract, dotted):
+    keys = contract.get("from", {}).get("keys", {})
+    return f"deploy.recipe.{dotted} <- {keys.get(dotted, contract.get('from', {}).get('exporter', 'the import'))}"
+
+
+def _same_values(a, b):
+    """Whether two recipe values are the same (numbers: a number equals a list of that number, as the recipe
+    broadcasts it; tables key by key; anything else by equality)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same_values(a[k], b[k]) for k in a)
+    try:
+        x, y = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    except (TypeError, ValueError):
+        return a == b
+    if isinstance(a, bool) or isinstance(b, bool) or x.ndim > 1 or y.ndim > 1:
+        return a == b
+    try:
+        x, y = np.broadcast_arrays(x, y)
+    except ValueError:
+        return False
+    return bool(np.array_equal(x, y) or np.allclose(x, y, rtol=1e-9, atol=1e-12))
+
+
+def _show(v):
+    s = str(v)
+    return s if len(s) <= 60 else s[:57] + "..."
+
+
+def _terms_plan(recipe, terms, n_features):
+    """The observation plan's arrays of ``recipe`` with ``terms`` (None when they do not build)."""
+    from control_node.loop import legged as L
+    try:
+        p = L.build_obs_plan({**recipe, "observation": {**recipe.get("observation", {}), "terms": terms}}, n_features)
+    except L.RecipeError:
+        return None
+    return (p.terms.tolist(), p.scale.tolist(), p.offset.tolist(), p.lo.tolist(), p.hi.tolist(), p.params.tolist())
+
+
+def with_contract(recipe: dict, contract: dict, src="(config)", n_features=None, n_actions=None) -> dict:
+    """``recipe`` ([legged] without the node's keys) completed with the model's deploy contract: every value the
+    contract holds and the recipe omits is taken from it; a value both give must be the same (observation terms:
+    the same plan), else ConfigError naming both."""
+    given = contract.get("recipe", {})
+    out = {k: (dict(v) if isinstance(v, dict) else v) for k, v in recipe.items()}
+
+    def conflict(dotted, mine, theirs):
+        raise ConfigError(src, f"legged.{dotted}", f"is {_show(mine)} in the config and {_show(theirs)} in the "
+                          f"model's deploy contract ({_origin(contract, dotted)})",
+                          f"drop legged.{dotted} to run the contract's (the training value), or re-import the "
+                          "policy with the right contract (control-node import)")
+    for key, value in given.items():
+        if not isinstance(value, dict):
+            if key not in out:
+                out[key] = value
+            elif not _same_values(out[key], value):
+                conflict(key, out[key], value)
+            continue
+        mine = out.get(key)
+        if mine is None:
+            out[key] = dict(value)
+            continue
+        if not isinstance(mine, dict):
+            continue            # build_plans refuses a non-table, naming it
+        for sub, v in value.items():
+            dotted = f"{key}.{sub}"
+            if sub not in mine:
+                mine[sub] = v
+            elif sub == "terms":
+                if not _same_values(mine[sub], v):
+                    base = {**out, key: {**mine}}
+                    a, b = _terms_plan(base, mine[sub], n_features), _terms_plan(base, v, n_features)
+                    if a is None or a != b:
+                        names = [t.get("kind") if isinstance(t, dict) else t for t in mine[sub]]
+                        conflict(dotted, names, [t.get("name", t["kind"]) for t in v])
+            elif isinstance(v, dict) and isinstance(mine[sub], dict):
+                for kk, vv in v.items():        # e.g. observation.history: key by key
+                    if kk not in mine[sub]:
+                        mine[sub] = {**mine[sub], kk: vv}
+                    elif not _same_values(mine[sub][kk], vv):
+                        conflict(f"{dotted}.{kk}", mine[sub][kk], vv)
+            elif not _same_values(mine[sub], v):
+                conflict(dotted, mine[sub], v)
+    return out
 
 
 def frame_signals(lc) -> list:

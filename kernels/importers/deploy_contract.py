@@ -255,6 +255,8 @@ def from_metadata(file, meta, n_features, n_actions, sha=""):
         recipe["observation"] = {"terms": terms}
         if n_cmd:
             recipe["observation"]["n_commands"] = n_cmd
+            keys["observation.n_commands"] = ("metadata_props 'observation_dims'" if "observation_dims" in meta else
+                                              "the model's input width less the other terms'")
         keys["observation.terms"] = where
         notes.append("mjlab's metadata gives no observation scales or clips: none are applied")
     for k, dest in (("quat_order", "quat_order"), ("command_components", "command_components"),
@@ -459,6 +461,7 @@ def from_deploy_yaml(path, n_features, n_actions, sdk_joints=None):
     recipe["observation"] = {"terms": terms, "history": {"layout": "term", "fill": "first"}}
     if n_cmd:
         recipe["observation"]["n_commands"] = n_cmd
+        keys["observation.n_commands"] = "deploy.yaml 'observations' (the command term's scale list)"
     keys["observation.terms"] = "deploy.yaml 'observations'"
     keys["observation.history"] = "deploy.yaml (term-major, first-value fill: unitree_rl_lab's managers)"
     if isinstance(doc.get("commands"), dict) and doc["commands"]:
