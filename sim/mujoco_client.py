@@ -91,7 +91,6 @@ def build_robot(model, side: LeggedSide, *, dt=None, latency_steps=0, drop=0.0, 
     """The MujocoRobot for ``model`` commanded in the node's actuator order, with every joint the config
     names matched by name (refused naming the joint and the fix), and the output checked against the
     model's actuators."""
-    from control_node.sim.mujoco_robot import ModelError
     path = packaged_quadruped() if model is None else os.fspath(model)
 
     def refuse(names, what, have):
@@ -102,18 +101,11 @@ def build_robot(model, side: LeggedSide, *, dt=None, latency_steps=0, drop=0.0, 
                             + f", which the node's [legged] {what} names ({side.source}); joints are met by name. "
                             f"Fix: rename the MJCF's joint to {missing[0]!r}, or set {what} to the model's joint "
                             f"names: {', '.join(have)}")
-    try:
-        robot = MujocoRobot(path, dt=dt, joints=side.out_joints, latency_steps=latency_steps, drop=drop, seed=seed)
-    except ModelError as e:
-        if "are not joints of" not in str(e):
-            raise
-        import mujoco
-        m = mujoco.MjModel.from_xml_path(path)
-        have = [mujoco.mj_id2name(m, mujoco.mjtObj.mjOBJ_JOINT, j) for j in range(m.njnt)
-                if int(m.jnt_type[j]) in (int(mujoco.mjtJoint.mjJNT_HINGE), int(mujoco.mjtJoint.mjJNT_SLIDE))]
-        refuse(side.out_joints, "joints.actuators (default: joints.robot)", have)
-        raise
-    refuse(side.robot_joints, "joints.robot", robot.joint_names)
+    have = _hinge_joints(path)          # None when MuJoCo cannot load it: MujocoRobot then says why
+    if have is not None:
+        refuse(side.robot_joints, "joints.robot", have)
+        refuse(side.out_joints, "joints.actuators", have)
+    robot = MujocoRobot(path, dt=dt, joints=side.out_joints, latency_steps=latency_steps, drop=drop, seed=seed)
     kinds = set(robot.actuator_kind.values())
     if len(kinds) > 1:
         pos = [j for j, k in robot.actuator_kind.items() if k == "position"]
@@ -128,6 +120,17 @@ def build_robot(model, side: LeggedSide, *, dt=None, latency_steps=0, drop=0.0, 
         robot.reset(keyframe)
     robot._seq_order = [robot.joint_names.index(j) for j in side.robot_joints]
     return robot
+
+
+def _hinge_joints(path):
+    """The MJCF's hinge and slide joint names, or None when it does not load."""
+    try:
+        import mujoco
+        m = mujoco.MjModel.from_xml_path(path)
+    except (ImportError, ValueError):
+        return None
+    kinds = (int(mujoco.mjtJoint.mjJNT_HINGE), int(mujoco.mjtJoint.mjJNT_SLIDE))
+    return [mujoco.mj_id2name(m, mujoco.mjtObj.mjOBJ_JOINT, j) for j in range(m.njnt) if int(m.jnt_type[j]) in kinds]
 
 
 class MujocoClient:
