@@ -107,6 +107,14 @@ def test_a_legged_node_in_lockstep_publishes_the_reference_commands(tmp_path, qu
         np.testing.assert_allclose(a["u"], want[a["cycle"]], **TOL, err_msg=f"cycle {a['cycle']}")
         policy_cycles += not a["safe"]
     assert policy_cycles > 300 and summary["policy_rate"]["inference_ticks"] > 10
+    # the report shows the mode timeline (terminal and HTML)
+    out_dir = os.path.join(str(tmp_path), "report")
+    p = run_cli("report", run_dir, "--no-plots", "--out", out_dir)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "mode timeline (legged)" in p.stdout and "legged: output torque, mode at the end damping" in p.stdout
+    with open(os.path.join(out_dir, "report.html")) as f:
+        html = f.read()
+    assert "Mode timeline (legged)" in html and ">stale<" not in html and ">request<" in html
 
 
 def test_stale_input_goes_to_damping_in_a_real_node(tmp_path, quad_model):

@@ -6,7 +6,8 @@ import html
 
 from control_node import rundir
 from control_node.report.load import PCT_LABELS, STAT_KEYS, METRIC_TITLES, EXTRA_COUNTERS
-from control_node.report.stats import (all_stats, comparison, fmt_num, fmt_us, lifecycle_changed, phase_lock_line,
+from control_node.report.stats import (all_stats, comparison, fmt_num, fmt_us, lifecycle_changed, mode_line, mode_rows,
+                                       phase_lock_line,
                                        policy_rate_line, shadow_line, timeline_rows, us_num, why_late_evidence_line,
                                        why_late_rows)
 
@@ -99,6 +100,11 @@ def run_html(rs: dict, pngs: dict) -> str:
                          + (f"; {_h(shadow_line(lc))}" if shadow_line(lc) else "") + "</p>"
                          + _table(["cycle", "event", "policy", "from", "reason"],
                                   [[_h(c) for c in row] for row in timeline_rows(lc)], numeric_from=0, numeric_to=1))
+        lg = n.get("legged")
+        if lg:
+            parts.append(f"<h3>Mode timeline (legged)</h3><p class='note'>{_h(mode_line(lg))}</p>"
+                         + _table(["cycle", "t (s)", "from", "to", "reason"],
+                                  [[_h(c) for c in row] for row in mode_rows(lg)], numeric_from=0, numeric_to=2))
         ac = n.get("actions")
         if ac:
             sa = ac.get("safe_action") or {}

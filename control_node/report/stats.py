@@ -186,6 +186,7 @@ def run_summary(run: Run) -> dict:
             "weights": weights_line(s.get("policy") or {}),
             # policies switched, shadowed, rolled back while the loop ran (None: older runs)
             "lifecycle": s.get("lifecycle"),
+            "legged": s.get("legged"),           # the legged deploy path: output, mode timeline, counts
             # each miss and the worst wake-ups with a cause, from evidence about the loop's core (None: older)
             "why_late": s.get("why_late"),
         }
@@ -292,6 +293,27 @@ def timeline_rows(lc: dict | None) -> list[list[str]]:
     ``lifecycle`` (the start-up load and activation included)."""
     return [[str(e.get("cycle")), str(e.get("event")), str(e.get("policy") or "-"), str(e.get("from") or "-"),
              str(e.get("reason") or "")] for e in (lc or {}).get("transitions") or []]
+
+
+def mode_rows(lg: dict | None) -> list[list[str]]:
+    """A legged run's mode timeline: [cycle, time (s), from, to, reason] per transition of summary.json
+    ``legged`` (passive, damping, stand, policy; docs/legged.md)."""
+    return [[str(t.get("cycle")), f"{t.get('t_s', 0):.3f}", str(t.get("from")), str(t.get("to")),
+             str(t.get("reason"))] for t in (lg or {}).get("transitions") or []]
+
+
+def mode_line(lg: dict | None) -> str:
+    """``legged: output torque, mode at the end policy; cycles passive 499, stand 400, policy 2101; stale trips 0,
+    non-finite 0, torque clipped 12 cycles``; "" for a run without a [legged] recipe."""
+    if not lg:
+        return ""
+    c = lg.get("counts") or {}
+    by = lg.get("cycles_by_mode") or {}
+    return (f"legged: output {lg.get('output')}, mode at the end {lg.get('mode')}; cycles "
+            + ", ".join(f"{m} {n}" for m, n in by.items() if n)
+            + f"; stale trips {c.get('stale_trips', 0)}, non-finite {c.get('non_finite_trips', 0)}, torque clipped "
+              f"{c.get('tau_clipped', 0)} cycles, PD ramp {c.get('pd_ramp_ticks', 0)} cycles, refused requests "
+              f"{c.get('refused', 0)}")
 
 
 def shadow_line(lc: dict | None) -> str:

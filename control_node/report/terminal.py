@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 from control_node.report.load import PCT_LABELS, STAT_KEYS, METRIC_TITLES, EXTRA_COUNTERS
-from control_node.report.stats import (all_stats, comparison, fmt_num, fmt_us, lifecycle_changed, phase_lock_line,
+from control_node.report.stats import (all_stats, comparison, fmt_num, fmt_us, lifecycle_changed, mode_line, mode_rows,
+                                       phase_lock_line,
                                        policy_rate_line, shadow_line, timeline_rows, us_num, why_late_evidence_line,
                                        why_late_rows)
 
@@ -75,6 +76,16 @@ def print_terminal(summaries: list[dict], console=None) -> None:
                 console.print(t)
                 if shadow_line(lc):
                     console.print(shadow_line(lc))
+            lg = n.get("legged")
+            if lg:
+                console.print(mode_line(lg))
+                if mode_rows(lg):
+                    t = Table(title="mode timeline (legged)")
+                    for c in ("cycle", "t (s)", "from", "to", "reason"):
+                        t.add_column(c, justify="right" if c in ("cycle", "t (s)") else "left")
+                    for row in mode_rows(lg):
+                        t.add_row(*row)
+                    console.print(t)
             ac = n.get("actions")
             if ac:
                 console.print(actions_line(ac))
