@@ -330,7 +330,8 @@ class Lifecycle:
         deadline = time.monotonic() + 2.0
         while (res := lc.mode_done(seq)) is None:
             if time.monotonic() > deadline or not self.running:
-                raise Refused("timeout", "the loop did not take the mode request within 2 s (is it stalled?)")
+                raise Refused("timeout", "the loop did not take the mode request within 2 s; it stays posted and "
+                              "is taken at the loop's next cycle (with the sensor clock: the next frame's)")
             time.sleep(0.0005)
         if res == L.REQ_NO_STAND:
             raise Refused("mode_refused", "policy refused: the stand has not completed. Fix: `control-node mode "

@@ -77,9 +77,15 @@ def test_a_legged_node_through_the_ros2_bridge_publishes_the_reference_torques(n
               "settle_s": 0.3}]
     for imu, tw, js, _ in msgs[1:]:
         steps += [imu, tw, js]
+    # a mode asked on the bridge's mode topic goes to the node's control endpoint; with the sensor clock the
+    # loop takes it at its next cycle, the next frame's
+    last = _frame_msgs(rng, len(msgs))
+    msgs.append(last)
+    steps += [{"publish": "/control_node/mode", "type": "std_msgs/msg/String", "msg": {"data": "damping"},
+               "expect": "none", "timeout_s": 0.3}, last[0], last[1], last[2]]
     peer, out = run_peer(netns, tmp_path, steps)
     res = peer_result(peer, out)
-    br, _ = stop_bridge(bridge, tmp_path / "bridge")
+    br, bout = stop_bridge(bridge, tmp_path / "bridge")
     rc, nout, nerr, run_dir = node.stop()
     assert rc == 0, nerr
     summary, arrays = load_run(run_dir)
@@ -87,15 +93,20 @@ def test_a_legged_node_through_the_ros2_bridge_publishes_the_reference_torques(n
     assert n_hs >= 1 and br["frames_sent"] == summary["frames_valid"], (n_hs, br, summary["frames_valid"])
     ref = L.DeployReference(op, ap, spec, "torque", [(0, "policy")])
     t = arrays["t_tick_ns"]
+    damp = summary["legged"]["transitions"][-1]["cycle"]
     want = []
     for c in range(summary["cycles"]):
         frame = msgs[0][3] if c < n_hs else msgs[c - n_hs + 1][3]
-        want.append(ref.cycle(c, int(t[c]), frame, bool(arrays["flags"][c] & 64))[0])
+        want.append(ref.cycle(c, int(t[c]), frame, bool(arrays["flags"][c] & 64),
+                              request="damping" if c == damp else None)[0])
     st = res["steps"]
+    assert damp == summary["cycles"] - 1           # the last frame's cycle took the mode: damped
     for k in range(1, len(msgs)):
-        got = st[3 * k]["commands"]          # the JointState step of frame k (after its Imu and Twist)
+        got = st[3 * k + (1 if k == len(msgs) - 1 else 0)]["commands"]    # frame k's JointState step
         assert len(got) == 1, (k, st[3 * k])
         np.testing.assert_allclose(got[0], want[n_hs + k - 1], rtol=1e-9, atol=1e-9, err_msg=f"frame {k}")
-    assert summary["legged"]["transitions"][0]["to"] == "policy"
+    tr = [(t["from"], t["to"], t["reason"]) for t in summary["legged"]["transitions"]]
+    assert tr == [("passive", "policy", "request"), ("policy", "damping", "request")], (tr, bout)
+    assert br["mode_requests"] == {"ok": 1}, br["mode_requests"]
     assert br["frames_withheld"] == {} or set(br["frames_withheld"]) <= {"never_received"}, br["frames_withheld"]
     print(json.dumps({"frames": summary["frames_valid"], "handshake": n_hs}))

@@ -97,6 +97,7 @@ class Recipe:
     width: int
     source: str
     node_name: str = "control_node_bridge"
+    mode_topic: str | None = None          # a legged node's modes, from a std_msgs/String topic ([ros2.legged])
 
     @property
     def topics(self) -> dict:
@@ -276,7 +277,8 @@ def _check_joint_names(path, terms, feature_names):
                                + ", ".join(feature_names[pos - t.width:pos]))
 
 
-LEGGED_TOPICS = {"joint_states": "/joint_states", "imu": "/imu/data", "command": "/cmd_vel"}
+LEGGED_TOPICS = {"joint_states": "/joint_states", "imu": "/imu/data", "command": "/cmd_vel",
+                 "mode": "/control_node/mode"}     # std_msgs/String: passive, damping, stand or policy
 
 
 def legged_observation(path, raw_legged_topics, legged) -> tuple[list, list]:
@@ -350,6 +352,9 @@ def parse_recipe(raw_ros2, path, n_features=None, feature_names=None, action_nam
             raise _bad(path, "ros2.observation", "is given beside [ros2.legged], which builds the observation "
                        "from the [legged] recipe", "drop one of them")
         obs, action_names = legged_observation(path, raw_ros2["legged"], legged)
+        mode_topic = raw_ros2["legged"].get("mode", LEGGED_TOPICS["mode"])
+        if not isinstance(mode_topic, str) or not mode_topic.startswith("/"):
+            raise _bad(path, "ros2.legged.mode", f"invalid value {mode_topic!r}", 'use an absolute topic name')
         n_features = feature_names = None       # the node checks the recipe against its policy
         if (legged or {}).get("output", "torque") == "impedance":
             action_names = None                 # five rows per actuator: a Float64MultiArray only
@@ -389,7 +394,8 @@ def parse_recipe(raw_ros2, path, n_features=None, feature_names=None, action_nam
     if not isinstance(name, str) or not name.replace("_", "a").isalnum() or not name[0].isalpha():
         raise _bad(path, "ros2.node_name", f"invalid value {name!r}", "use letters, digits and '_', starting with a letter")
     return Recipe(domain_id=dom, trigger=trigger, max_age_ns=int(age * 1e6), terms=terms, action=action,
-                  width=width, source=str(path), node_name=name)
+                  width=width, source=str(path), node_name=name,
+                  mode_topic=mode_topic if "legged" in raw_ros2 else None)
 
 
 def load_recipe(path, model=None, check_model=True) -> Recipe:

@@ -149,8 +149,39 @@ class Bridge:
         self.stop = threading.Event()
         self.node = None
         self.action_pub = None
+        import queue
+        self.curve = curve
+        self.mode_q = queue.Queue(maxsize=100)
+        self.mode_requests = {}             # result -> count ("ok", or the node's refusal code)
+        self.mode_thread = None
 
     # -- ROS 2 -> node --------------------------------------------------------------------------------
+    def _mode_callback(self, msg):
+        """A mode asked on the mode topic: queued for the control endpoint (its reply can take a cycle or two,
+        never the executor's time)."""
+        self.mode_q.put(str(msg.data).strip())
+
+    def _modes(self):
+        """Each asked mode as a control request to the node (`control-node mode`'s), counted by its result."""
+        import queue
+
+        from control_node.errors import UserError
+        from control_node.lifecycle import PolicyClient
+        with PolicyClient(self.endpoints["control"], self.curve, timeout=5.0) as client:
+            while not self.stop.is_set():
+                try:
+                    mode = self.mode_q.get(timeout=0.1)
+                except queue.Empty:
+                    continue
+                try:
+                    rep = client.request({"op": "mode", "mode": mode})
+                    key = "ok" if rep["ok"] else str(rep["error"])
+                    msg = rep["message"]
+                except UserError as e:
+                    key, msg = "no_reply", str(e)
+                self.mode_requests[key] = self.mode_requests.get(key, 0) + 1
+                print(f"bridge: mode {mode!r} from {self.recipe.mode_topic}: {key}: {msg}", flush=True)
+
     def _callback(self, topic):
         import msgpack
         asm, pub, packb, mono = self.asm, self.pub, msgpack.packb, time.monotonic_ns
@@ -259,6 +290,13 @@ class Bridge:
                     classes["builtin_interfaces/msg/Duration"] = message_class("builtin_interfaces/msg/Duration")
                 self.writer = ActionWriter(a, classes)
                 self.action_pub = self.node.create_publisher(classes[a.type], a.topic, qos_profile(a.qos))
+            if self.recipe.mode_topic:      # best effort: any publisher's QoS matches it
+                from rclpy.qos import QoSProfile, ReliabilityPolicy
+                self.node.create_subscription(message_class("std_msgs/msg/String"), self.recipe.mode_topic,
+                                              self._mode_callback, QoSProfile(
+                                                  depth=10, reliability=ReliabilityPolicy.BEST_EFFORT))
+                self.mode_thread = threading.Thread(target=self._modes, name="modes", daemon=True)
+                self.mode_thread.start()
             th = threading.Thread(target=self._actions, name="actions", daemon=True)
             th.start()
             ex = make_executor()
@@ -287,6 +325,8 @@ class Bridge:
             self.stop.set()
             if th is not None:
                 th.join(2.0)            # no publish after the node is gone
+            if self.mode_thread is not None:
+                self.mode_thread.join(6.0)
             self.t_end_ns = time.monotonic_ns()
             self.cpu_end = time.process_time()
             try:
@@ -338,6 +378,7 @@ class Bridge:
                 "actions_published": self.actions_published, "safe_actions_published": self.safe_published,
                 "actions_undecodable": self.actions_undecodable, "argmax_actions_ignored": self.argmax_actions,
                 "node_restarts": self.node_restarts, "callback_latency_ns": pct,
+                "mode_requests": dict(self.mode_requests),
                 "cpu_share": cpu / (wall / 1e9), "duration_s": wall / 1e9,
                 "recipe": {"trigger": self.recipe.trigger, "max_age_ms": self.recipe.max_age_ns / 1e6,
                            "width": self.recipe.width, "domain_id": self.recipe.domain_id,
