@@ -141,6 +141,9 @@ class Diagnostics(threading.Thread):
                     "cycle_time_ns": rundir.describe_hist(loop.histograms[1])},
             # the policy lifecycle: names, the shadow's counts, the last transitions (numbered "n")
             "lifecycle": self.lifecycle.brief() if self.lifecycle is not None else None,
+            # a legged node's mode and its faults' counts (one int each, read off the loop's thread)
+            "legged": ({"mode": loop.legged.mode, "stand_done": loop.legged.stand_done, "output": loop.legged.output,
+                        "counts": loop.legged.act.counts} if loop.legged is not None else None),
             # every cycle since the last snapshot (the newest record may be mid-write: one short of it)
             "ring": self._cycles(last["streamed"], max(last["streamed"], cycles - 1)),
             "phase_offset_ns": int(loop.phase_offset_ns),

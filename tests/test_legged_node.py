@@ -118,31 +118,55 @@ def test_a_legged_node_in_lockstep_publishes_the_reference_commands(tmp_path, qu
 
 
 def test_stale_input_goes_to_damping_in_a_real_node(tmp_path, quad_model):
+    """Impedance output; the sequence enters the policy at the first frame (policy_without_stand); frames for
+    0.5 s, then none: damping after stale_after. The live view's mode channel shows policy, then damping."""
     model, spec = quad_model
     recipe = _recipe()
     recipe["modes"].update(stand_time=0.05, policy_without_stand=True)
     extra = LOOP.replace("stale_after_ms = 1000.0", "stale_after_ms = 80.0")
-    extra += legged_toml(recipe, output="impedance", start_mode="damping")
+    extra += legged_toml(recipe, output="impedance", start_mode="damping", sequence=[[0.0, "policy"]])
     node, cfg = start_node(tmp_path, model, extra=extra)
     op, _ = L.build_plans(_recipe())
-    fr = frames(op, 60, seed=13, q0_robot=np.zeros(12))
+    fr = frames(op, 400, seed=13, q0_robot=np.zeros(12))
     robot = Robot(node.endpoints)
+    diags = ActionCollector(node.endpoints["diagnostics"])     # the node's snapshots, as the live view reads them
     try:
-        robot.connect(fr[0])
-        p = run_cli("mode", "policy", "--config", cfg, "--json")
-        assert json.loads(p.stdout)["ok"], p.stdout
-        for k in range(1, 60):
+        robot.connect(fr[0])                   # the sequence enters the policy at the first frame
+        t_end = time.monotonic() + 0.5          # in policy mode for several diagnostics snapshots (10 Hz)
+        for k in range(1, 400):
             robot.wait_answer(robot.send(fr[k]), timeout=5.0)
+            if time.monotonic() > t_end:
+                break
         time.sleep(0.4)          # no frame for 5 x stale_after
         p = run_cli("mode", "--config", cfg, "--json")
         assert json.loads(p.stdout)["status"]["legged"]["mode"] == "damping"
     finally:
         robot.close()
         rc, out, err, run_dir = node.stop()
+        snaps = diags.close()
     assert rc == 0, err
-    summary, _ = load_run(run_dir)
-    tr = [(t["to"], t["reason"]) for t in summary["legged"]["transitions"]]
-    assert tr[-1] == ("damping", "stale") and summary["legged"]["counts"]["stale_trips"] == 1
+    summary, arrays = load_run(run_dir)
+    # the live view's mode channel and its mode events, from the node's own snapshots
+    from control_node.live import channels as ch
+    conv = ch.Converter(0)
+    items = [it for m in snaps for it in conv.diagnostics(m)]
+    modes = [msg["mode"] for topic, msg, _ in items if topic == ch.MODE]
+    assert "policy" in modes and modes[-1] == "damping", modes
+    events = [msg["text"] for topic, msg, _ in items if topic == ch.EVENTS and msg["kind"] == "mode"]
+    assert any("policy -> damping" in e for e in events), events
+    tr = [(t["from"], t["to"], t["reason"]) for t in summary["legged"]["transitions"]]
+    assert tr == [("passive", "damping", "request"), ("damping", "policy", "request"),
+                  ("policy", "damping", "stale")], tr
+    assert summary["legged"]["counts"]["stale_trips"] == 1
+    # the watchdog's rule on the node's record: the trip is the first cycle that woke more than stale_after
+    # (80 ms) after the cycle that took the last frame
+    c_trip = summary["legged"]["transitions"][-1]["cycle"]
+    seqs = arrays["seq"].astype(np.int64)
+    t_wake = arrays["t_tick_ns"] + arrays["wake_latency_ns"]
+    took_last = int(np.flatnonzero(seqs == seqs.max())[0])
+    late = np.flatnonzero(t_wake - t_wake[took_last] > 80_000_000)
+    assert late.size and int(late[0]) == c_trip, (c_trip, took_last, late[:3])
+    assert summary["legged"]["cycles_by_mode"]["policy"] >= 400, summary["legged"]["cycles_by_mode"]
     assert summary["legged"]["publish_width"] == 60
 
 

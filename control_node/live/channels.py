@@ -24,6 +24,8 @@ CYCLE = "/control_node/cycle"
 EVENTS = "/control_node/events"
 SIM_PENDULUM = "/sim/pendulum"
 TOPICS = (OBSERVATION, ACTION, CYCLE, EVENTS, SIM_PENDULUM)
+MODE = "/control_node/mode"            # a legged node's mode, each diagnostics snapshot (docs/legged.md)
+LEGGED_TOPICS = (MODE,)                # advertised when a legged node's snapshot first carries its mode
 DEFAULT_EVERY = 10          # at 1 kHz: 100 messages a second on each thinned channel
 
 _INT, _NUM, _STR, _BOOL = {"type": "integer"}, {"type": "number"}, {"type": "string"}, {"type": "boolean"}
@@ -64,13 +66,18 @@ def schema(topic: str, feature_names=(), action_names=()) -> dict:
             "phase_offset_ns": {"type": "integer", "description": "the phase lock's net shift of the schedule"}}}
     if topic == EVENTS:
         return {"title": "control_node.Event", "type": "object", "properties": {
-            "kind": {"type": "string", "enum": ["miss", "safe", "rejected", "policy"]},
+            "kind": {"type": "string", "enum": ["miss", "safe", "rejected", "policy", "mode"]},
             "cycle": _NULLABLE_INT, "count": _INT, "text": _STR,
             "wake_latency_ns": _INT, "cycle_time_ns": _INT,
             "cause": {"type": ["string", "null"],
                       "description": "miss: why late, when known (the live view does not know it: the report "
                                      "attributes each miss after the run)"},
             "reason": _STR, "stale": _INT, "event": _STR, "policy": _STR}}
+    if topic == MODE:
+        return {"title": "control_node.Mode", "type": "object", "properties": {
+            "mode": {"type": "string", "enum": ["passive", "damping", "stand", "policy"]},
+            "stand_done": _BOOL, "output": _STR, "stale_trips": _INT, "non_finite_trips": _INT,
+            "tau_clipped": {"type": "integer", "description": "cycles with a torque clipped to tau_max"}}}
     if topic == SIM_PENDULUM:
         return {"title": "control_node.SimPendulum", "type": "object", "properties": {
             "step": _INT, "t_ns": _INT, "angle": {"type": "number", "description": "rad, 0 upright"},
@@ -106,6 +113,7 @@ class Converter:
         self.rejected = None               # the last snapshot's counts by reason
         self.transitions_seen = -1         # the last lifecycle transition number reported
         self.phase_offset_ns = 0
+        self.mode_seen = None              # a legged node's mode in the last snapshot
 
     def sensor(self, m: dict):
         x = m.get("x")
@@ -176,6 +184,20 @@ class Converter:
                         out.append((EVENTS, {"kind": "rejected", "cycle": None, "count": d, "reason": str(reason),
                                              "text": f"{d} frame(s) rejected: {reason}"}, t_snap))
             self.rejected = dict(rej)
+        lg = m.get("legged")
+        if isinstance(lg, dict) and lg.get("mode"):
+            c = lg.get("counts") or {}
+            out.append((MODE, {"mode": str(lg["mode"]), "stand_done": bool(lg.get("stand_done")),
+                               "output": str(lg.get("output")), "stale_trips": int(c.get("stale_trips", 0)),
+                               "non_finite_trips": int(c.get("non_finite_trips", 0)),
+                               "tau_clipped": int(c.get("tau_clipped", 0))}, t_snap))
+            if lg["mode"] != self.mode_seen:
+                if self.mode_seen is not None:
+                    out.append((EVENTS, {"kind": "mode", "cycle": int(m.get("cycles", 0)), "count": 1,
+                                         "event": "mode", "text": f"mode {self.mode_seen} -> {lg['mode']} "
+                                                                  "(seen at this snapshot; the report has the cycle)"},
+                                t_snap))
+                self.mode_seen = lg["mode"]
         for e in ((m.get("lifecycle") or {}).get("transitions") or []):
             if e.get("n", -1) > self.transitions_seen:
                 self.transitions_seen = e["n"]

@@ -54,7 +54,7 @@ class LiveServer:
         foxglove = require_sdk()
         self.zmq = zmq
         self.stopping = False
-        self.counts = {t: 0 for t in ch.TOPICS}
+        self.counts = {t: 0 for t in ch.TOPICS + ch.LEGGED_TOPICS}
         self.sent_bytes = 0                 # encoded for viewers (each viewer's queue holds at most BACKLOG)
         # wall - monotonic, once per run: every message's time is its sender's monotonic time + this
         self.conv = ch.Converter(time.time_ns() - time.monotonic_ns(), every, feature_names=feature_names)
