@@ -42,6 +42,9 @@ SCHEMA = {
     "policy": {
         "history": (1, int, "an integer >= 1 (frames stacked into the policy's input)"),
         "history_order": ("oldest_first", str, '"oldest_first" or "newest_first"'),
+        # the kernel's vector copy: the fastest measured on this machine for this shape (cached per machine,
+        # kernels/dispatch.py), the widest this CPU runs, or one named (forced)
+        "isa": ("fastest", str, '"fastest", "widest", "avx512", "avx2" or "sse2"'),
     },
     # policies loaded and switched while the loop runs (control_node.lifecycle, `control-node policy`)
     "lifecycle": {
@@ -234,6 +237,9 @@ def validate(cfg: dict, path="(config)") -> None:
         bad("policy.history", "use 1 (the frame alone) or more frames")
     if po["history_order"] not in ("oldest_first", "newest_first"):
         bad("policy.history_order", 'use "oldest_first" (the default) or "newest_first"')
+    if po["isa"] not in ("fastest", "widest", "avx512", "avx2", "sse2"):
+        bad("policy.isa", 'use "fastest" (the default: measured on this machine), "widest", or a copy to force: '
+                          '"avx512", "avx2" or "sse2"')
     lc, ro = cfg["lifecycle"], cfg["rollout"]
     if lc["name"] and not valid_policy_name(lc["name"]):
         bad("lifecycle.name", POLICY_NAME_RULE)

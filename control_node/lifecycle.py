@@ -89,6 +89,7 @@ class Lifecycle:
             "recurrent": policy.recurrent, "dtype": policy.dtype, "nbytes": int(policy.nbytes),
             # weight storage (issue #24): f32 exact, or f16 / bf16 / int8 with the error measured at import
             "weights": policy.weights, "weights_error": policy.weights_error,
+            "isa": policy.isa, "copy": policy.copy_choice,     # the vector copy and how it was chosen
             "loaded_cycle": int(self.loop.cycles), "policy": policy}
         with self._lock:                    # the diagnostics thread reads residents (brief)
             self.residents[name] = entry
@@ -179,7 +180,7 @@ class Lifecycle:
         # read and verified in a process of its own (kernels/isolated_load.py: not in this locked, real-time
         # process), bounded by the configured policy memory; then laid out and proven here, off the loop
         try:
-            policy = load_isolated(path, self.max_bytes)
+            policy = load_isolated(path, self.max_bytes, isa=self.cfg["policy"]["isa"])
         except (IsolatedLoadError, ModelFileError, ConsistencyError) as e:
             raise Refused("load_failed", str(e)) from None
         except Exception as e:

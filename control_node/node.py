@@ -243,7 +243,6 @@ class Node:
         self.quiet = quiet
 
     def run(self) -> str:
-        from control_node.kernels import Policy
 
         from control_node.loop._rtloop import RtLoop
         from control_node.loop.libzmq import libzmq_functions
@@ -254,7 +253,16 @@ class Node:
             raise UserError(f"model file {self.model_path} does not exist. Fix: run `control-node train` "
                             f"(writes models/iris.npz) or pass --model PATH")
         # validates and proves kernel == reference; the file's arrays bounded by the configured policy memory
-        policy = Policy.load(self.model_path, max_bytes=int(cfg["lifecycle"]["max_resident_mb"] * (1 << 20)))
+        # the vector copy: by [policy] isa, "fastest" measured on this machine for this shape (kernels/dispatch.py)
+        try:
+            from control_node.kernels.dispatch import load as load_policy
+            policy = load_policy(self.model_path, cfg["policy"]["isa"],
+                                 max_bytes=int(cfg["lifecycle"]["max_resident_mb"] * (1 << 20)))
+        except ValueError as e:
+            if "cannot run that copy" not in str(e):
+                raise
+            raise UserError(f"[policy] isa = \"{cfg['policy']['isa']}\": {e}. Fix: \"fastest\" (the default) or "
+                            "a copy this CPU runs") from None
         from control_node.config import resolve_decimation, resolve_history, resolve_safe_action, resolve_spin_us
         source = cfg.get("source", "(config)")
         safe = resolve_safe_action(wd["safe_action"], policy, source)
@@ -440,6 +448,8 @@ class Node:
             "model": {"path": os.path.abspath(self.model_path), "sha256": policy.sha256,
                       "layer_sizes": [int(s) for s in policy.spec.layer_sizes], "dtype": policy.dtype,
                       "isa": policy.isa, "classes": policy.classes, "head": policy.head,
+                      # how the vector copy was chosen, and the times behind it (kernels/dispatch.py)
+                      "copy": policy.copy_choice,
                       "action_names": policy.action_names},
             # what the node published: the policy kind, its action width and the safe action it used
             "policy": info,

@@ -132,6 +132,7 @@ cdef class Policy:
     cdef readonly int hidden_size                    # H of the recurrent layer, 0 without one
     cdef readonly int64_t state_resets_nonfinite     # steps whose state was not finite (reset to zero)
     cdef object _state           # (h, c): the recurrent state buffers (c None for a GRU), or None
+    cdef public object copy_choice  # how the vector copy was chosen (kernels/dispatch.py), None: not recorded
 
     cdef int act_ptr(self, const double *x, double *u) noexcept nogil
     cdef void reset_ptr(self) noexcept nogil

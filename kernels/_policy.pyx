@@ -334,7 +334,8 @@ cdef class Policy:
         Raises ``kernels.ModelFileError`` naming the bad field, an importer's refusal naming the
         node and operator, or ``kernels.ConsistencyError`` naming the first sample where the kernel
         and the reference disagree. ``isa`` and ``weights`` as for ``Policy(spec, ...)`` (weights default:
-        what the file says, f32 when it says nothing). ``max_bytes``: the bound on what the file may make the
+        what the file says, f32 when it says nothing); kernels.dispatch.load picks the copy by measurement.
+        ``max_bytes``: the bound on what the file may make the
         process allocate (a model file's arrays together, an imported file's tensors each), checked before
         allocating: the node's ``[lifecycle] max_resident_mb`` (default 256 MiB).
         """

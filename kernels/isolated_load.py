@@ -44,9 +44,10 @@ class IsolatedLoadError(Exception):
     """The child refused the file (``refused``: its one-line reason) or failed (status, stderr tail)."""
 
 
-def load_isolated(path, max_bytes, timeout=TIMEOUT_S):
+def load_isolated(path, max_bytes, timeout=TIMEOUT_S, isa="fastest"):
     """Read, verify and prove the policy in ``path`` in a child process; returns the node's own
-    :class:`Policy` of it (proven again here). Raises :class:`IsolatedLoadError` with one line."""
+    :class:`Policy` of it (proven again here) on the vector copy ``isa`` picks. Raises :class:`IsolatedLoadError`
+    with one line."""
     from control_node.kernels import Policy
     from control_node.kernels.model_file import MAX_DIRECTORY_BYTES, load_model
     from control_node.kernels.reference import check_consistency
@@ -101,7 +102,15 @@ def load_isolated(path, max_bytes, timeout=TIMEOUT_S):
         raise IsolatedLoadError(f"cannot load {path}: the loader process ended with {how}"
                                 + (f": {lines[-1][:300]}" if lines else ""))
     spec = load_model(bytes(out), max_bytes, label=path)
-    policy = Policy(spec)
+    if isa in ("fastest", "widest"):    # the copy by the node's [policy] isa (kernels/dispatch.py)
+        from control_node.kernels.dispatch import policy_for
+        policy, choice = policy_for(spec, isa)
+    else:
+        from control_node.kernels.dispatch import machine_key
+        policy = Policy(spec, isa=isa)
+        choice = {"setting": isa, "copy": isa, "source": "forced", "isa": policy.isa, "times_ns": None,
+                  "machine": machine_key()}
+    policy.copy_choice = choice
     check_consistency(policy, policy.spec)
     return policy
 

@@ -70,6 +70,7 @@ def run_html(rs: dict, pngs: dict) -> str:
             *([["phase lock", _h(phase_lock_line(n["phase_lock"]))]] if phase_lock_line(n.get("phase_lock"))
               else []),
             *([["policy weights", _h(n["weights"])]] if n.get("weights") else []),
+            *([["kernel copy", _h(n["copy"])]] if n.get("copy") else []),
             *([["policy input", _h(f"history {n['history']['frames']} x {n['history']['frame_width']} features, "
                                    f"{n['history']['order']}")]]
               if (n.get("history") or {}).get("frames", 1) > 1 else []),

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from control_node.rundir import FLAG_MISS
+from control_node.rundir import FLAG_MISS, copy_line
 from control_node.report.load import PCTS, STAT_KEYS, NODE_METRICS, SIM_METRICS, EXTRA_COUNTERS, NodeRun, SimRun, Run
 
 def array_stats(values: np.ndarray) -> dict:
@@ -184,6 +184,8 @@ def run_summary(run: Run) -> dict:
             "phase_lock": s.get("phase_lock"),
             # weight storage and its measured error (issue #24; older runs: f32, nothing measured)
             "weights": weights_line(s.get("policy") or {}),
+            # the kernel's vector copy and how it was chosen (issue #47; older runs: not recorded)
+            "copy": copy_line((s.get("model") or {}).get("copy")),
             # policies switched, shadowed, rolled back while the loop ran (None: older runs)
             "lifecycle": s.get("lifecycle"),
             "legged": s.get("legged"),           # the legged deploy path: output, mode timeline, counts

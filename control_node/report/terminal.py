@@ -28,6 +28,8 @@ def print_terminal(summaries: list[dict], console=None) -> None:
                 console.print(policy_rate_line(n["policy_rate"]))
             if phase_lock_line(n.get("phase_lock")):
                 console.print(phase_lock_line(n["phase_lock"]))
+            if n.get("copy"):
+                console.print(n["copy"])
             if n.get("weights"):
                 console.print(f"policy weights: {n['weights']}")
             hi = n.get("history")

@@ -58,6 +58,8 @@ def _print_status(st):
     for r in st["policies"]:
         print(f"  {r['name']:<16} {r['role']:<8} {r['kind']:<10} {' -> '.join(map(str, r['layers']))} "
               f"{r['dtype']}{' ' + r['recurrent'] if r['recurrent'] else ''}  sha256 {r['sha256'][:12]}  {r['path']}")
+        from control_node.rundir import copy_line
+        print(f"  {'':<16} {copy_line(r.get('copy')) or 'kernel copy: not recorded'}")
         print(f"  {'':<16} weights {describe(r.get('weights_error')) if r.get('weights', 'f32') != 'f32' else 'f32 (exact)'}"
               f", {r['nbytes'] / 1024:.0f} KiB resident")
     print(f"transitions ({st['transition_count']}, last {len(st['transitions'])}):")
