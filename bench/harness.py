@@ -46,9 +46,11 @@ def _with_default(extra, table, key, value):
     return extra.replace(head, head + line, 1) if head in extra else extra + head + line
 
 
-def with_node_defaults(toml, spin_us=None, attribution=None):
-    """``toml`` with ``spin_us`` in ``[loop]`` and ``attribution`` in ``[diagnostics]`` (None: left out, the
-    config's default), unless ``toml`` already sets them."""
+def with_node_defaults(toml, spin_us=None, attribution=None, isa=None):
+    """``toml`` with ``spin_us`` in ``[loop]``, ``attribution`` in ``[diagnostics]`` and ``isa`` in ``[policy]``
+    (None: left out, the config's default), unless ``toml`` already sets them."""
+    if isa is not None:
+        toml = _with_default(toml, "policy", "isa", f'"{isa}"')
     if spin_us is not None:
         toml = _with_default(toml, "loop", "spin_us", f"{spin_us:g}")
     if attribution is not None:
@@ -56,12 +58,12 @@ def with_node_defaults(toml, spin_us=None, attribution=None):
     return toml
 
 
-def write_node_config(path, ep_dir, extra="", transport="ipc", spin_us=None, attribution=None):
+def write_node_config(path, ep_dir, extra="", transport="ipc", spin_us=None, attribution=None, isa=None):
     """Write a node config whose endpoints are private: ipc sockets in ``ep_dir``, or free loopback tcp
     ports; runs go to ``ep_dir/runs``. ``extra`` is appended TOML; ``spin_us`` and ``attribution`` (None:
     the config's default) go into its ``[loop]`` and ``[diagnostics]`` tables unless ``extra`` sets them.
     Returns the endpoints by name."""
-    extra = with_node_defaults(extra, spin_us, attribution)
+    extra = with_node_defaults(extra, spin_us, attribution, isa)
     names = ("sensor", "action", "diagnostics", "control")
     if transport == "ipc":
         eps = {k: f"ipc://{ep_dir}/{k}" for k in names}

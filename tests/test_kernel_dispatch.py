@@ -88,7 +88,7 @@ def test_the_choice_is_recorded_in_summary_status_and_report(tmp_path, cache_hom
     from control_node.kernels import save_model
     model = tmp_path / "p.npz"
     save_model(rsl_rl_like(seed=4), model)
-    node, cfg = start_node(tmp_path, str(model))
+    node, cfg = start_node(tmp_path, str(model), extra="[policy]\nisa = \"fastest\"\n")
     try:
         p = run_cli("policy", "status", "--config", cfg)
         assert p.returncode == 0 and "kernel copy " in p.stdout and "fastest measured on this machine" in p.stdout, \

@@ -176,10 +176,13 @@ class ActionCollector:
         return self.actions
 
 
-def write_node_config(path, ep_dir, extra="", transport="ipc", spin_us=0, attribution=False):
+def write_node_config(path, ep_dir, extra="", transport="ipc", spin_us=0, attribution=False, isa="widest"):
     """A test's node config (bench.harness.write_node_config), by default without two things only a test of
     timing needs, both CPU the suite's workers share (measured beside a 1 kHz sender, spin 0: the node took
-    18 % of a core with the why-late recorder, 5 % without):
+    18 % of a core with the why-late recorder, 5 % without), and with ``[policy] isa = "widest"``: the copy
+    ``Policy(spec)`` runs in the test's own process, so a test compares the node's answers with its own bit for
+    bit (the default "fastest" may pick another copy, whose sums differ in the last bits; tests of the choice
+    itself, tests/test_kernel_dispatch.py, ask for it):
 
     - ``spin_us=0``: the loop sleeps to each tick instead of spinning its last 150 us (the default, "auto"),
       12 % of a core per running node;
@@ -187,13 +190,14 @@ def write_node_config(path, ep_dir, extra="", transport="ipc", spin_us=0, attrib
 
     A test of timing (wake-up, misses, why a cycle was late) passes ``spin_us=None`` / ``attribution=None``
     (the default config's) or ``True``; TOML in ``extra`` that sets either wins."""
-    return harness.write_node_config(path, ep_dir, extra, transport, spin_us=spin_us, attribution=attribution)
+    return harness.write_node_config(path, ep_dir, extra, transport, spin_us=spin_us, attribution=attribution,
+                                     isa=isa)
 
 
 def quiet_node_toml(toml):
     """A whole node config's TOML (a launch file's, say) with ``write_node_config``'s test defaults: no spin, no
-    why-late recorder, unless ``toml`` sets them."""
-    return harness.with_node_defaults(toml, spin_us=0, attribution=False)
+    why-late recorder, the widest copy, unless ``toml`` sets them."""
+    return harness.with_node_defaults(toml, spin_us=0, attribution=False, isa="widest")
 
 
 def start_node(tmp_path, model, extra="", args=(), transport="ipc", spin_us=0, attribution=False):
