@@ -138,7 +138,7 @@ def calibrate(fn, arg, target_s, max_calls=1000):
     return int(max(1, min(max_calls, round(target_s / per_call))))
 
 
-def time_round_robin(bodies: dict, n_samples: int, warm: dict | None = None) -> dict:
+def time_round_robin(bodies: dict, n_samples: int, warm: dict | None = None, per_row: bool = False) -> dict:
     """Time each body ``n_samples`` times, interleaved (A B C A B C ...) so drift hits all alike.
 
     ``bodies`` maps name -> (body, units): ``units`` is how many calls/samples one body run
@@ -146,6 +146,11 @@ def time_round_robin(bodies: dict, n_samples: int, warm: dict | None = None) -> 
     interleaving evicts a row's weights from L2 when the rows together exceed it, and a sample of a few
     calls would then time the cold first call; a loop running one policy every cycle finds them warm.
     Returns name -> array of ns per unit, one entry per sample. GC is off while timing.
+
+    ``per_row``: all of a row's samples, then the next row's (warm, per row): where the rows' weights together
+    exceed a cache level, interleaving has each row read the next one's weights back from further out (a
+    beyond-L2 shape's ``act_into`` read 2x slower than its ``act`` in the same interleaved run); a robot's loop
+    runs one policy, so its weights stay where one policy's fit.
     """
     warm = warm or {}
     out = {name: np.empty(n_samples) for name in bodies}
@@ -156,13 +161,15 @@ def time_round_robin(bodies: dict, n_samples: int, warm: dict | None = None) -> 
     was_enabled = gc.isenabled()
     gc.disable()
     try:
-        for s in range(n_samples):
-            for name, (body, units) in bodies.items():
-                if name in warm:
-                    warm[name]()
-                t0 = clock()
-                body()
-                out[name][s] = (clock() - t0) / units
+        order = ([(s, name) for name in bodies for s in range(n_samples)] if per_row else
+                 [(s, name) for s in range(n_samples) for name in bodies])
+        for s, name in order:
+            body, units = bodies[name]
+            if name in warm:
+                warm[name]()
+            t0 = clock()
+            body()
+            out[name][s] = (clock() - t0) / units
     finally:
         if was_enabled:
             gc.enable()

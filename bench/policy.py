@@ -376,17 +376,19 @@ def numpy_row(spec):
 
 
 # ---- measurement ---------------------------------------------------------------------------
-def per_call(rows, n_samples, target_s=100e-6):
+def per_call(rows, n_samples, target_s=100e-6, per_row=False):
     """Each row ``(name, fn, arg)`` timed as ``fn(arg)`` in samples of k calls (k sized so a sample lasts
-    ~``target_s``), samples interleaved round-robin (A B C A B C ...), each sample after one untimed call of
-    the same row (its weights warm, as in a loop that runs it every cycle); returns name -> ns per call."""
+    ~``target_s``), samples interleaved round-robin (A B C A B C ...), or ``per_row`` (all of A's, then B's:
+    for shapes whose rows' weights together exceed L2, see common.time_round_robin), each sample after one
+    untimed call of the same row (its weights warm, as in a loop that runs it every cycle); returns name -> ns
+    per call."""
     from control_node.bench.common import calibrate, loop_calls, time_round_robin
     bodies, warm = {}, {}
     for name, fn, arg in rows:
         k = calibrate(fn, arg, target_s, max_calls=2000)
         bodies[name] = (loop_calls(fn, arg, k), k)
         warm[name] = loop_calls(fn, arg, 1)
-    return time_round_robin(bodies, n_samples, warm)
+    return time_round_robin(bodies, n_samples, warm, per_row=per_row)
 
 
 def c_level(policy, spec, n_chunks, chunk):
@@ -466,12 +468,17 @@ def bench_shape(name, cfg, dtype, settings, log):
     storage_rows, storage_errors = weight_storage_rows(spec, x)
     rows += storage_rows
     rows.append(weights_read_row(weight_bytes_of(cfg["sizes"], dtype)))
-    log(f"{name} {dtype}: {len(rows)} rows x {settings['samples']} samples ...")
-    times = per_call(rows, settings["samples"])
+    # beyond L2 (one policy's weights alone do not fit one core's L2): each row warm, timed on its own
+    l2 = cache_sizes().get("L2", 0)
+    per_row = bool(l2) and weight_bytes_of(cfg["sizes"], dtype) > l2
+    timing = ("per row, warm (the weights exceed L2: interleaved rows would evict each other's)" if per_row
+              else "interleaved round-robin")
+    log(f"{name} {dtype}: {len(rows)} rows x {settings['samples']} samples, {timing} ...")
+    times = per_call(rows, settings["samples"], per_row=per_row)
     times.update(c_level(policy, spec, settings["chunks"], settings["chunk"]))
     alloc, peak = allocations_per_call(policy, x)
     return {"shape": name, "dtype": dtype, "sizes": cfg["sizes"], "activation": cfg["act"], "isa": policy.isa,
-            "kernel": policy.kernel, "weight_storage_errors": storage_errors,
+            "kernel": policy.kernel, "weight_storage_errors": storage_errors, "timing": timing,
             **shape_figures(times, floor_of(cfg["sizes"], dtype), alloc, peak, skipped,
                             storage_floors(storage_errors, lambda w: floor_of(cfg["sizes"], dtype, storage=w)))}
 
@@ -595,6 +602,8 @@ def report(res, first_column="row"):
                             "p50 / measured floor" if "measured" in fl else "p50 / floor"]
                     + (["p50 / published floor"] if published else []), rows, con)
         con.print(f"  floor: {fl['how']}")
+        if sh.get("timing"):
+            con.print(f"  timing: {sh['timing']}")
         for w, e in (sh.get("weight_storage_errors") or {}).items():
             con.print(f"  {w} weights: max |error| {e['max_abs']:.3g} (p99 {e['p99_abs']:.3g}) = {e['max_rel']:.3g} of "
                       f"the {'action' if e['measured_on'] == 'actions' else 'logit'} range over {e['samples']} "
