@@ -216,3 +216,47 @@ def test_a_bad_recipe_is_refused_at_start_naming_the_key(tmp_path, quad_model, e
     assert len(lines) == 1 and "Traceback" not in p.stderr, p.stderr
     assert f"field '{key}" in lines[0] and "Fix:" in lines[0], lines[0]
     assert not os.path.exists(tmp_path / "runs"), os.listdir(tmp_path)
+
+
+def test_a_non_finite_policy_output_goes_to_damping_in_a_real_node(tmp_path):
+    """A policy finite for ordinary frames and +-inf for a frame whose gyro is 1e300 (a valid frame: the node
+    accepts it): at that policy tick the node goes to damping and never applies the action; the commands after
+    it are damping's (kp 0, kd = damping_kd), published as impedance rows."""
+    recipe = _recipe()
+    recipe["modes"].update(policy_without_stand=True)
+    op, _ = L.build_plans(recipe)
+    rng = np.random.default_rng(14)
+    W = rng.normal(0, 0.01, (op.out_width, 12))
+    W[0:9:3, :] = 1e200             # gyro x in each of the 3 history frames: +-inf for 1e300, finite for the walk
+    from control_node.kernels import ModelSpec
+    spec = ModelSpec(layers=[(W, np.zeros(12))], mean=0.0, scale=1.0, classes=[], head="continuous",
+                     feature_names=[f"o{i}" for i in range(op.out_width)], activations=["identity"],
+                     action_names=QUAD)
+    model = tmp_path / "overflow.npz"
+    save_model(spec, model)
+    extra = LOOP + legged_toml(recipe, output="impedance", sequence=[[0.0, "policy"]])
+    node, cfg = start_node(tmp_path, str(model), extra=extra)
+    fr = frames(op, 120, seed=15, q0_robot=np.zeros(12), spike=100)
+    robot = Robot(node.endpoints)
+    answers = {}
+    try:
+        robot.connect(fr[0])
+        for k in range(1, 120):
+            seq = robot.send(fr[k])
+            answers[k] = robot.wait_answer(seq, timeout=5.0)
+            if k == 100:
+                time.sleep(0.06)    # the spike stays the newest frame across a policy tick (one in 20 ms)
+        time.sleep(0.1)
+    finally:
+        robot.close()
+        rc, out, err, run_dir = node.stop()
+    assert rc == 0, err
+    summary, _ = load_run(run_dir)
+    lg = summary["legged"]
+    tr = [(t["from"], t["to"], t["reason"]) for t in lg["transitions"]]
+    assert tr == [("passive", "policy", "request"), ("policy", "damping", "non_finite")], tr
+    assert lg["counts"]["non_finite_trips"] == 1 and summary["rejected"].get("non_finite_output") == 1
+    # every command is finite, and from the spike's frame on the node damps (kp 0, kd = damping_kd)
+    assert all(np.isfinite(a["u"]).all() for a in answers.values() if a)
+    after = [np.asarray(answers[k]["u"]).reshape(5, 12) for k in range(101, 120) if answers.get(k)]
+    assert after and all((u[2] == 0).all() and (u[3] == 2.0).all() for u in after)
