@@ -306,11 +306,12 @@ def quadruped_row(label, tmp, duration_s, sim_args=(), legged=None, stall_ms=0.0
     text = (resources.files("control_node.configs") / "quadruped.toml").read_text()
     ep = make_endpoint_dir()
     text = re.sub(r'ipc://\{runtime_dir\}', f"ipc://{ep}", text)
-    args = re.search(r'^\[children\.sim\]\nargs = (\[.*?\])$', text, re.M)
+    at = text.index("\n[children.sim]\n")           # the table, not a comment naming it
+    args = re.compile(r'^args = (\[.*?\])$', re.M).search(text, at)
     new_args = json.loads(args.group(1)) + [str(a) for a in sim_args]
-    text = text.replace(args.group(0), f"[children.sim]\nargs = {json.dumps(new_args)}")
-    for key, value in (legged or {}).items():
-        text = re.sub(rf'^{key} = .*$', f"{key} = {value}", text, count=1, flags=re.M)
+    text = text[:args.start()] + f"args = {json.dumps(new_args)}" + text[args.end():]
+    for key, value in (legged or {}).items():       # keys of [legged] itself (its first lines)
+        text = re.sub(rf'^{key} = [^#\n]*', f"{key} = {value} ", text, count=1, flags=re.M)
     cfg = os.path.join(tmp, re.sub(r"\W+", "_", label) + ".toml")
     with open(cfg, "w") as f:
         f.write(text)
