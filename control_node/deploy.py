@@ -31,14 +31,11 @@ from control_node.errors import ConfigError
 NODE_KEYS = ("output", "start_mode", "sequence")
 
 
-def build_legged(cfg: dict, policy, decimation: int, capacity: int):
-    """The LeggedCycle of ``cfg``'s [legged] section for ``policy`` (None without one). Raises ConfigError
-    naming the key and the fix."""
+def plans_for(cfg: dict, policy, decimation: int):
+    """(ObsPlan, ActuatorPlan) of ``cfg``'s [legged] recipe for ``policy`` (its model's deploy contract merged in,
+    the node's own period and stale limit): every check, off the RT thread. Raises ConfigError naming the key."""
     from control_node.loop import legged as L
-    from control_node.loop._legged import LeggedCycle
     raw = cfg.get("legged")
-    if not raw:
-        return None
     src = cfg.get("source", "(config)")
     if not isinstance(raw, dict):
         raise ConfigError(src, "legged", "is not a table", "write it as [legged] with the recipe's tables")
@@ -87,6 +84,20 @@ def build_legged(cfg: dict, policy, decimation: int, capacity: int):
     except L.RecipeError as e:
         raise ConfigError(src, f"legged.{e.key}", str(e).split(": ", 1)[1].rsplit(". Fix: ", 1)[0],
                           str(e).rsplit(". Fix: ", 1)[-1]) from None
+    return op, ap
+
+
+def build_legged(cfg: dict, policy, decimation: int, capacity: int):
+    """The LeggedCycle of ``cfg``'s [legged] section for ``policy`` (None without one). Raises ConfigError
+    naming the key and the fix."""
+    from control_node.loop import legged as L
+    from control_node.loop._legged import LeggedCycle
+    raw = cfg.get("legged")
+    if not raw:
+        return None
+    src = cfg.get("source", "(config)")
+    rate = float(cfg["loop"]["rate_hz"])
+    op, ap = plans_for(cfg, policy, decimation)
     output = raw.get("output", "torque")
     if output not in L.OUTPUTS:
         raise ConfigError(src, "legged.output", f"is {output!r}", f"use one of {', '.join(L.OUTPUTS)}")
@@ -195,6 +206,39 @@ def with_contract(recipe: dict, contract: dict, src="(config)", n_features=None,
             elif not _same_values(mine[sub], v):
                 conflict(dotted, mine[sub], v)
     return out
+
+
+ACTUATOR_FIELDS = ("n", "n_robot", "n_out", "clip_target", "rate_limit", "vel_guard", "policy_without_stand",
+                   "stale_hold", "period_ns", "stale_after_ns", "pd_max_age_ns", "pd_ramp_ns", "stand_ns", "stand_tol",
+                   "policy_joints", "out_joints")
+
+
+def slot_plan(cfg: dict, policy, decimation: int, lc):
+    """The observation plan of a policy loaded beside the running one (its own last action, history and gait
+    clock), after checking that it drives the same actuators from the same frame: a live switch between policies
+    whose signals or actuators differ is refused, naming the difference (ConfigError)."""
+    from control_node.loop import legged as L
+    op, ap = plans_for(cfg, policy, decimation)
+    run_op, run_ap = lc.obs.plan, lc.act.plan
+    src = cfg.get("source", "(config)")
+    if L.frame_layout(op) != L.frame_layout(run_op) or op.quat_order != run_op.quat_order:
+        raise ConfigError(src, "legged.observation", f"the new policy's frame is {L.frame_layout(op)} "
+                          f"(quat {op.quat_order}), the running one's {L.frame_layout(run_op)} (quat "
+                          f"{run_op.quat_order})", "a live switch keeps the robot's signals: load a policy of "
+                          "the same robot")
+    for key in ACTUATOR_FIELDS:
+        a, b = getattr(ap, key), getattr(run_ap, key)
+        if a != b:
+            raise ConfigError(src, f"legged.{key}", f"is {a!r} for the new policy, {b!r} for the running one",
+                              "a live switch keeps the actuators and their modes: load a policy with the same")
+    for key in ("sens_map", "out_map", "j"):
+        a, b = getattr(ap, key), getattr(run_ap, key)
+        if a.shape != b.shape or not np.array_equal(a, b):
+            where = (L.J_FIELDS[int(np.argwhere(a != b)[0][0])] if key == "j" and a.shape == b.shape else key)
+            raise ConfigError(src, f"legged.{where}", "differs between the new policy (its deploy contract) and "
+                              "the running one", "a live switch keeps the default pose, gains, limits and joint "
+                              "maps: load a policy trained with the same")
+    return op
 
 
 def frame_signals(lc) -> list:

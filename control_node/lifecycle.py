@@ -186,7 +186,15 @@ class Lifecycle:
         except Exception as e:
             raise Refused("load_failed", f"cannot load {path}: {e}") from None
         loop = self.loop
-        if policy.n_features != loop.n_features:
+        slot_plan = None
+        if loop.legged is not None:     # its own recipe, checked to read the same frame and drive the same joints
+            from control_node.deploy import slot_plan as legged_slot_plan
+            from control_node.errors import UserError
+            try:
+                slot_plan = legged_slot_plan(self.cfg, policy, int(loop.decimation), loop.legged)
+            except UserError as e:
+                raise Refused("size_mismatch", f"{path}: {e}") from None
+        elif policy.n_features != loop.n_features:
             frames = int(self.cfg["policy"]["history"])
             raise Refused("size_mismatch", f"{path} takes {policy.n_features} inputs; this node's stream gives "
                           f"{loop.n_features} ({frames} frame(s) x {loop.n_features // frames} features)")
@@ -207,6 +215,8 @@ class Lifecycle:
         except Exception as e:
             raise Refused("size_mismatch", f"{path}: the node's watchdog.safe_action does not fit it: {e}") from None
         slot = next(s for s in range(rundir.MAX_POLICIES) if s not in self.by_slot)
+        if slot_plan is not None:
+            loop.legged.set_slot_obs(slot, slot_plan)
         loop.set_slot(slot, policy, safe_u=safe["u"], safe_class=safe["class"] or 0)
         self._add(name, slot, policy, path)
         self._log("load", name, None, "request")

@@ -260,3 +260,81 @@ def test_a_non_finite_policy_output_goes_to_damping_in_a_real_node(tmp_path):
     assert all(np.isfinite(a["u"]).all() for a in answers.values() if a)
     after = [np.asarray(answers[k]["u"]).reshape(5, 12) for k in range(101, 120) if answers.get(k)]
     assert after and all((u[2] == 0).all() and (u[3] == 2.0).all() for u in after)
+
+
+def test_a_legged_node_switches_and_shadows_policies_each_with_its_own_recipe_state(tmp_path, quad_model):
+    """Plans per policy slot: B (other weights, the same recipe) is loaded beside A, shadowed (its own last action
+    and history: the shadow's inputs are its own), then activated at a cycle boundary: from that cycle the
+    commands equal the reference with B entered anew (last action, history and clock reset), as for A at its
+    entry. A policy whose input width does not fit the recipe is refused, naming the recipe."""
+    model, spec = quad_model
+    recipe = _recipe()
+    recipe["modes"].update(policy_without_stand=True)
+    op, ap = L.build_plans({**recipe, "actuator": {**recipe["actuator"], "stale_after": 5.0}}, spec.n_features, 12)
+    spec_b = mlp(op.out_width, 12, seed=31)
+    model_b = tmp_path / "b.npz"
+    save_model(spec_b, model_b)
+    wide = tmp_path / "wide.npz"
+    save_model(mlp(op.out_width + 3, 12, seed=32), wide)
+    extra = LOOP.replace("stale_after_ms = 1000.0", "stale_after_ms = 5000.0") + legged_toml(
+        recipe, output="torque", sequence=[[0.0, "policy"]])
+    node, cfg = start_node(tmp_path, model, extra=extra)
+    q0_robot = np.asarray(recipe["default_pos"])[[QUAD.index(n) for n in recipe["joints"]["robot"]]]
+    fr = frames(op, 400, seed=33, q0_robot=q0_robot)
+    collector = ActionCollector(node.endpoints["action"])
+    robot = Robot(node.endpoints)
+    sent = {}
+
+    def step(k):
+        seq = robot.send(fr[k])
+        sent[seq] = fr[k]
+        assert robot.wait_answer(seq, timeout=5.0) is not None
+
+    try:
+        robot.connect(fr[0])
+        for k in range(1, 100):
+            step(k)
+        p = run_cli("policy", "load", "wide", str(wide), "--config", cfg, "--json")
+        rep = json.loads(p.stdout)
+        assert p.returncode == 1 and rep["error"] == "size_mismatch" and "legged.observation" in rep["message"], rep
+        for verb in (("load", "b", str(model_b)), ("shadow", "b")):
+            p = run_cli("policy", *verb, "--config", cfg, "--json")
+            assert p.returncode == 0, p.stdout + p.stderr
+        for k in range(100, 250):
+            step(k)
+        p = run_cli("policy", "activate", "b", "--config", cfg, "--json")
+        assert p.returncode == 0, p.stdout + p.stderr
+        for k in range(250, 400):
+            step(k)
+        time.sleep(0.05)
+    finally:
+        robot.close()
+        rc, out, err, run_dir = node.stop()
+        actions = collector.close()
+    assert rc == 0, err
+    summary, arrays = load_run(run_dir)
+    tr = summary["lifecycle"]["transitions"]
+    act = next(t for t in tr if t["event"] == "activate" and t["policy"] == "b")
+    sh = next(t for t in tr if t["event"] == "shadow" and t["policy"] == "b")
+    assert summary["lifecycle"]["shadow_figures"]["ticks"] > 3, summary["lifecycle"]["shadow_figures"]
+    # replay: A from the policy's entry, B from its activation cycle (entered anew), on the node's own record
+    ref = L.DeployReference(op, ap, spec, "torque", [(0, "policy")])
+    ref_b = L.PolicyReference(spec_b)
+    seqs, flags = arrays["seq"].astype(np.int64), arrays["flags"]
+    t_wake = arrays["t_tick_ns"] + arrays["wake_latency_ns"]
+    seen, want = set(), {}
+    for i, c in enumerate(arrays["cycle"].tolist()):
+        s = int(seqs[i])
+        frame = None
+        if not (flags[i] & rundir.FLAG_NO_FRAME_YET) and s not in seen:
+            seen.add(s)
+            frame = sent.get(s, fr[0])
+        if c == act["cycle"]:            # B entered: its recipe state and its policy state anew
+            ref.ro.reset()
+            ref.policy = ref_b
+            ref_b.reset()
+        want[c] = ref.cycle(c, int(t_wake[i]), frame, bool(flags[i] & rundir.FLAG_INFER))[0]
+    got = sorted((a for a in actions if a["cycle"] in want), key=lambda a: a["cycle"])
+    assert got and got[-1]["cycle"] > act["cycle"] > sh["cycle"]
+    for a in got:
+        np.testing.assert_allclose(a["u"], want[a["cycle"]], **TOL, err_msg=f"cycle {a['cycle']}")

@@ -100,9 +100,17 @@ cdef class Actuator:
     cdef void reset_ptr(self) noexcept nogil
 
 
+cdef enum:
+    LG_SLOTS = 8                        # policy slots (RtLoop's MAX_POLICIES, checked at its import)
+
+
 cdef class LeggedCycle:
-    cdef readonly ObsTerms obs
+    cdef readonly ObsTerms obs          # slot 0's recipe (the start-up policy): the frame's layout
     cdef readonly Actuator act
+    cdef void *obs_active               # the active slot's ObsTerms (borrowed: _obs_refs keeps each alive)
+    cdef void *obs_slot[LG_SLOTS]
+    cdef double *x_slot[LG_SLOTS]       # each slot's policy input
+    cdef list _obs_refs
     cdef readonly object output, mode_ring
     cdef readonly int out_kind, frame_width, pub_width, n_robot, n_cmd
     cdef int off_q, off_qd, off_quat, off_gyro, off_acc, off_cmd
@@ -126,6 +134,10 @@ cdef class LeggedCycle:
     cdef bint in_policy(self) noexcept nogil
     cdef double *input(self) noexcept nogil
     cdef void took(self, const double *u) noexcept nogil
+    cdef void use_slot(self, int slot) noexcept nogil
+    cdef void reset_slot(self, int slot) noexcept nogil
+    cdef double *shadow_input(self, int slot) noexcept nogil
+    cdef void shadow_took(self, int slot, const double *u) noexcept nogil
     cdef void non_finite(self, int64_t t_ns) noexcept nogil
     cdef const double *tick(self, int64_t t_ns, int64_t frame_age_ns, const double *a, int64_t cycle) noexcept nogil
     cdef bint send_nothing(self) noexcept nogil

@@ -266,6 +266,11 @@ cdef class LeggedCycle:
             raise ValueError("the observation and actuator plans are of different recipes")
         self.obs = ObsTerms(obs_plan)
         self.act = Actuator(act_plan)
+        self._obs_refs = [None] * LG_SLOTS
+        cdef int i
+        for i in range(LG_SLOTS):
+            self.obs_slot[i] = NULL
+            self.x_slot[i] = NULL
         self.output = output
         self.out_kind = legged.OUTPUTS.index(output)
         layout = legged.frame_layout(obs_plan)
@@ -283,6 +288,10 @@ cdef class LeggedCycle:
         self._keep = (bufs, modes)
         self.x_in = <double *> cnp.PyArray_DATA(bufs)
         self.cmd = self.x_in + ow
+        self._obs_refs[0] = (self.obs, bufs)
+        self.obs_slot[0] = <void *> self.obs
+        self.x_slot[0] = self.x_in
+        self.obs_active = self.obs_slot[0]
         self.pub = self.cmd + CN_O_ROWS * n_out
         self.bind(self.pub + self.pub_width)       # a zero frame until the loop binds its own
         self.r_mode = <int8_t *> cnp.PyArray_DATA(modes)
@@ -322,20 +331,38 @@ cdef class LeggedCycle:
                 self.seq_i += 1
         cdef bint entered = was != CN_MODE_POLICY_ and self.act.s.mode == CN_MODE_POLICY_
         if entered:
-            self.obs.reset_ptr()
+            (<ObsTerms> self.obs_active).reset_ptr()
         return entered
 
     cdef bint in_policy(self) noexcept nogil:
         return self.act.s.mode == CN_MODE_POLICY_
 
     cdef double *input(self) noexcept nogil:
-        """The policy's input for this policy tick, from the newest frame's signals."""
-        self.obs.compute_ptr(&self.sig, self.x_in)
+        """The active policy's input for this policy tick, from the newest frame's signals."""
+        (<ObsTerms> self.obs_active).compute_ptr(&self.sig, self.x_in)
         return self.x_in
 
     cdef void took(self, const double *u) noexcept nogil:
-        """The policy's raw output of this tick: the next tick's last_action."""
-        self.obs.note_action_ptr(u)
+        """The active policy's raw output of this tick: its next tick's last_action."""
+        (<ObsTerms> self.obs_active).note_action_ptr(u)
+
+    cdef void use_slot(self, int slot) noexcept nogil:
+        """The policy of ``slot`` is the active one: its recipe builds the input (a switch, between cycles)."""
+        self.obs_active = self.obs_slot[slot]
+        self.x_in = self.x_slot[slot]
+
+    cdef void reset_slot(self, int slot) noexcept nogil:
+        """The policy of ``slot`` is entered (activated, or started as the shadow): its last action, history and
+        gait clock start again."""
+        (<ObsTerms> self.obs_slot[slot]).reset_ptr()
+
+    cdef double *shadow_input(self, int slot) noexcept nogil:
+        """The shadow's own input (its last action, history, clock) from the same frame."""
+        (<ObsTerms> self.obs_slot[slot]).compute_ptr(&self.sig, self.x_slot[slot])
+        return self.x_slot[slot]
+
+    cdef void shadow_took(self, int slot, const double *u) noexcept nogil:
+        (<ObsTerms> self.obs_slot[slot]).note_action_ptr(u)
 
     cdef void non_finite(self, int64_t t_ns) noexcept nogil:
         self.act.non_finite_ptr(t_ns)
@@ -360,6 +387,31 @@ cdef class LeggedCycle:
         return (self.status & CN_ACT_NO_COMMAND_) != 0 and self.out_kind == 1
 
     # ---- Python side (the control thread, the node) ----
+    def set_slot_obs(self, int slot, obs_plan):
+        """The recipe of the policy loaded into ``slot`` (a slot the loop does not use: RtLoop.set_slot checks),
+        checked off the RT thread to read the same frame and drive the same actuators (control_node.deploy)."""
+        if not 0 < slot < LG_SLOTS:
+            raise ValueError(f"slot must be 1 to {LG_SLOTS - 1} (0 is the start-up policy's)")
+        if (obs_plan.n_act != self.act.n or obs_plan.n_robot != self.n_robot or obs_plan.n_cmd != self.n_cmd
+                or legged.frame_layout(obs_plan) != legged.frame_layout(self.obs.plan)):
+            raise ValueError("the recipe reads another frame or drives other joints than the running one")
+        o = ObsTerms(obs_plan)
+        buf = np.zeros(max(1, o.out_width))
+        self._obs_refs[slot] = (o, buf)
+        self.x_slot[slot] = <double *> cnp.PyArray_DATA(buf)
+        self.obs_slot[slot] = <void *> o
+
+    def slot_width(self, int slot):
+        """The policy input width of ``slot``'s recipe (None: no recipe set)."""
+        r = self._obs_refs[slot] if 0 <= slot < LG_SLOTS else None
+        return None if r is None else r[0].out_width
+
+    def clear_slot_obs(self, int slot):
+        if 0 < slot < LG_SLOTS:
+            self.obs_slot[slot] = NULL
+            self.x_slot[slot] = NULL
+            self._obs_refs[slot] = None
+
     def post_mode(self, mode):
         """Post a mode request for the loop (one at a time); returns its number for :meth:`mode_done`."""
         if cn_load_acquire(&self.done_seq) != self.req_seq:

@@ -30,7 +30,7 @@ from libc.math cimport sqrt
 from libc.string cimport memcpy
 
 from control_node.kernels._policy cimport Policy
-from control_node.loop._legged cimport LeggedCycle
+from control_node.loop._legged cimport LG_SLOTS, LeggedCycle
 
 from control_node import rundir
 from control_node.rundir import HIST_NAMES, REASONS
@@ -468,12 +468,15 @@ cdef class RtLoop:
             raise ValueError(f"slot must be 0 to {MAX_POLICIES - 1}; got {slot}")
         if slot in self.slots_in_use():
             raise ValueError(f"slot {slot} is in use by the loop")
-        if policy.n_features != self.n_features or policy.n_actions != self.n_actions \
+        if self.lg != NULL:     # each slot's recipe builds its own input: its width is the slot's
+            width = (<LeggedCycle> self.lg).slot_width(slot)
+            if width is None:
+                raise ValueError(f"slot {slot} has no legged recipe: LeggedCycle.set_slot_obs first")
+        else:
+            width = self.n_features
+        if policy.n_features != width or policy.n_actions != self.n_actions \
                 or policy.continuous != self.continuous:
             raise ValueError("the policy's widths or head differ from the loop's")
-        if self.lg != NULL:
-            raise ValueError("a legged node runs its start-up policy only: live switching between legged "
-                             "policies is not supported yet")
         cdef int j
         if self.continuous:
             su = np.array(policy.spec.action_offset if safe_u is None else safe_u, dtype=np.float64).reshape(-1)
@@ -492,6 +495,8 @@ cdef class RtLoop:
             raise ValueError(f"slot {slot} is in use by the loop")
         self.slot_pol[slot] = NULL
         self._slot_refs[slot] = None
+        if self.lg != NULL:
+            (<LeggedCycle> self.lg).clear_slot_obs(slot)
 
     def slots_in_use(self):
         """Slots the loop may run now or switch to by itself: active, shadow, a canary's previous."""
@@ -1051,10 +1056,12 @@ cdef class RtLoop:
 
     # ------------------------------------------------------------------ slots, mailbox, canary, shadow
     cdef inline void _use(self, int slot) noexcept nogil:
-        """Make ``slot`` the active policy: the pointer exchange, and its safe action."""
+        """Make ``slot`` the active policy: the pointer exchange, and its safe action (and its legged recipe)."""
         self.pol = self.slot_pol[slot]
         self.active = slot
         self.u_safe = self.slot_safe + slot * self.uw
+        if self.lg != NULL:
+            (<LeggedCycle> self.lg).use_slot(slot)
 
     cdef void _transition(self, int kind, int slot, int from_slot, int why) noexcept nogil:
         """Record a transition; its cycle is the first one the new arrangement runs."""
@@ -1098,6 +1105,8 @@ cdef class RtLoop:
                 self._use(slot)
                 (<Policy> self.pol).reset_ptr()
                 self.h_count = 0
+                if self.lg != NULL:             # entered: its last action, history and gait clock anew
+                    (<LeggedCycle> self.lg).reset_slot(slot)
                 self.previous = old
                 if kind == TR_CANARY:       # the old policy goes on, in shadow, as the yardstick
                     self.canary = True
@@ -1106,6 +1115,8 @@ cdef class RtLoop:
             self._transition(kind, slot, old, WHY_REQUEST)
         elif kind == TR_SHADOW:
             (<Policy> self.slot_pol[slot]).reset_ptr()
+            if self.lg != NULL:
+                (<LeggedCycle> self.lg).reset_slot(slot)
             self._start_shadow(slot)
             self._transition(kind, slot, old, WHY_REQUEST)
         elif kind == TR_UNSHADOW:
@@ -1120,6 +1131,8 @@ cdef class RtLoop:
                 self._use(self.previous)
                 (<Policy> self.pol).reset_ptr()
                 self.h_count = 0
+                if self.lg != NULL:
+                    (<LeggedCycle> self.lg).reset_slot(self.active)
                 self.previous = old
                 if self.shadow == self.active:
                     self.shadow = -1
@@ -1134,19 +1147,26 @@ cdef class RtLoop:
         cdef int64_t t0 = self._now(), dt, i = (self.cycles - 1) % self.capacity
         cdef int code, j
         cdef double d = 0.0, e
-        if self._infer(self.slot_pol[self.shadow], self.x_used, self.u_shadow) < 0:
+        cdef const double *x = self.x_used
+        if self.lg != NULL:     # a legged shadow builds its own input: its own last action, history, clock
+            x = (<LeggedCycle> self.lg).shadow_input(self.shadow)
+        if self._infer(self.slot_pol[self.shadow], x, self.u_shadow) < 0:
             code, d = SH_NON_FINITE, -1.0
         elif not self.continuous:
             code = SH_AGREE if self.u_shadow[0] == self.u_new[0] else SH_DISAGREE
             d = 0.0 if code == SH_AGREE else 1.0
         elif self.rc_used < 0:
             code, d = SH_DISAGREE, -1.0         # the active answered nothing finite, the shadow did
+            if self.lg != NULL:
+                (<LeggedCycle> self.lg).shadow_took(self.shadow, self.u_shadow)
         else:
             for j in range(self.n_actions):
                 e = self.u_shadow[j] - self.u_new[j]
                 d += e * e
             d = sqrt(d)
             code = SH_DISAGREE if d > self.shadow_distance else SH_AGREE
+            if self.lg != NULL:
+                (<LeggedCycle> self.lg).shadow_took(self.shadow, self.u_shadow)
         dt = self._now() - t0
         self.shadow_ticks += 1
         if code != SH_AGREE:
@@ -1264,3 +1284,4 @@ def compiled_constants():
 
 assert CN_N_REASONS <= CN_N_REASONS_CAP, "frame_codec.h has more reasons than RtLoop counts"
 rundir.check_compiled(compiled_constants())   # a reordered C enum or ring field fails here, loudly
+assert LG_SLOTS == MAX_POLICIES, "control_node/loop/_legged.pxd's LG_SLOTS must equal RtLoop's MAX_POLICIES"
