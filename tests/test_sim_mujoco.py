@@ -103,11 +103,10 @@ def test_a_lockstep_walk_through_the_node_equals_the_reference(tmp_path, policy6
             frame = by_seq[last]
         want[c] = ref.cycle(c, int(t_wake[i]), frame, bool(flags[i] & rundir.FLAG_INFER))[0]
     got = [a for a in actions if a["cycle"] in want]
-    # every command from the first one the SUB saw (ZeroMQ's slow joiner loses the first cycles' on a loaded
-    # host; a high-water mark of 100k loses none after): no cycle missing up to the node's last
-    cyc = sorted(a["cycle"] for a in got)
-    assert cyc and cyc == list(range(cyc[0], cyc[0] + len(cyc))) and len(cyc) >= 0.5 * len(want), \
-        (len(cyc), cyc[:3], len(want))
+    # the commands the SUB saw (ZeroMQ's slow joiner loses the first cycles', and the node's PUB drops for a
+    # subscriber starved on a loaded host: a suite run lost 120 in a row), each once, at least half of them
+    cyc = [a["cycle"] for a in got]
+    assert cyc and cyc == sorted(set(cyc)) and len(cyc) >= 0.5 * len(want), (len(cyc), cyc[:3], len(want))
     exact = policy_cycles = 0
     for a in got:
         np.testing.assert_allclose(a["u"], want[a["cycle"]], **TOL, err_msg=f"cycle {a['cycle']}")
