@@ -247,10 +247,13 @@ def test_the_cycle_allocates_nothing_with_the_legged_path():
     loop = RtLoop(pol, LoopConfig(period_ns=MS, decimation=20, stale_after_ns=10**12, max_cycles=200,
                                   ring_cycles=1000), legged=lc)
 
+    # the virtual sockets made before the counted calls: what is counted is the runs' own (the nogil cycles)
+    ios = iter([VirtualIO(arrive, data, read_cost_ns=1000, send_capacity=1) for _ in range(23)])
+
     def run_once():
-        io = VirtualIO(arrive, data, read_cost_ns=1000, send_capacity=1)
-        loop.run_virtual(io, T0)
+        loop.run_virtual(next(ios), T0)
     run_once()
     left, blocks = bytes_left_by_calls(run_once, n=20, warm=2)
     # 4,000 cycles run (20 runs of 200): a cycle that left even one block behind would leave thousands
-    assert blocks < 50 and left < 8 * 1024, (left, blocks)
+    print(f"left behind by 20 runs of 200 cycles: {left} B in {blocks} blocks")
+    assert blocks < 20 and left < 4 * 1024, (left, blocks)

@@ -136,20 +136,9 @@ def read_mjcf(path):
 
 
 def _v(x):
-    """A TOML value."""
-    import json
-    import math
-    if isinstance(x, bool):
-        return "true" if x else "false"
-    if isinstance(x, str):
-        return json.dumps(x)
-    if isinstance(x, dict):
-        return "{" + ", ".join(f"{k} = {_v(v)}" for k, v in x.items()) + "}"
-    if isinstance(x, (list, tuple)):
-        return "[" + ", ".join(_v(v) for v in x) + "]"
-    if isinstance(x, float):
-        return ("inf" if x > 0 else "-inf") if math.isinf(x) else repr(x)
-    return str(x)
+    """A TOML value (config.toml_value: one TOML writer; imported here, verbs load cheaply)."""
+    from control_node.config import toml_value
+    return toml_value(x)
 
 
 def render(spec, model_path, robot, *, output="torque", rate=1000.0, inline=False) -> str:
