@@ -954,6 +954,9 @@ cdef class RtLoop:
             rc = self._infer(self.pol, x, self.u_new)
             if rc < 0 and self.canary:      # the canary failed: the previous policy answers, this tick
                 self._canary_rollback(WHY_NON_FINITE)
+                if self.lg != NULL:         # on its own input: its recipe (width, last action, history)
+                    x = self._policy_input()
+                    self.x_used = x
                 rc = self._infer(self.pol, x, self.u_new)
             self.rc_used = rc
             if self.lg != NULL:         # the recipe's last_action, or the actuator's fault
