@@ -257,3 +257,53 @@ def test_the_cycle_allocates_nothing_with_the_legged_path():
     # 4,000 cycles run (20 runs of 200): a cycle that left even one block behind would leave thousands
     print(f"left behind by 20 runs of 200 cycles: {left} B in {blocks} blocks")
     assert blocks < 20 and left < 4 * 1024, (left, blocks)
+
+
+def test_a_legged_canary_that_fails_rolls_back_onto_the_previous_policy_s_own_input():
+    """A (slot 0) runs; B (slot 1, its own recipe state) is activated as a canary with A in shadow. B's output
+    overflows on a frame whose gyro is 1e300 (a valid frame): the loop rolls back to A at that policy tick, and
+    A answers on its own input (its history and last action ran on as the shadow), so the command is A's as if
+    A had run all along: equal to the reference of A alone (A ignores gyro x, so on B's input, whose last
+    action is B's, its answer differs: checked by reverting the fix, the test fails at the spike's cycle). The
+    mode stays policy: a canary's failure is the rollback's, not a fault of the robot's."""
+    from control_node import rundir
+    recipe = isaaclab_quadruped(history=1)
+    recipe["modes"]["policy_without_stand"] = True
+    op, ap = L.build_plans(recipe)
+    spec_a = mlp(op.out_width, 12, seed=41)
+    spec_a.layers[0][0][0, :] = 0.0     # A ignores gyro x, so its answer at the spike shows which input it got
+    spec_a = ModelSpec(**{f: getattr(spec_a, f) for f in ("layers", "mean", "scale", "classes", "feature_names",
+                                                          "head", "activations", "action_names")})
+    rng = np.random.default_rng(42)
+    W = rng.normal(0, 0.01, (op.out_width, 12))
+    W[0, :] = 1e200                 # gyro x: +-inf for 1e300, finite for the walk's values
+    spec_b = ModelSpec(layers=[(W, np.zeros(12))], mean=0.0, scale=1.0, classes=[], head="continuous",
+                       feature_names=[f"o{i}" for i in range(op.out_width)], activations=["identity"],
+                       action_names=QUAD)
+    lc = LeggedCycle(op, ap, "torque", capacity=1016)
+    lc.set_sequence([(0, "policy")])
+    lc.set_slot_obs(1, op)
+    q0_robot = np.asarray(recipe["default_pos"])[[op.joint_map.tolist().index(i) for i in range(12)]]
+    fr = frames(op, 1000, 43, q0_robot, spike=600)
+    s = Stream([], [], [], [], [])
+    for c, x in fr.items():
+        s.add(T0 + c * MS - MS // 2, c + 1, T0 + c * MS - MS // 2, x)
+    run = run_virtual(Policy(spec_a), s, legged=lc, period_ns=MS, decimation=20, stale_after_ns=ap.stale_after_ns,
+                      max_cycles=1000, slots=[(1, Policy(spec_b))], requests=[("canary", 1)],
+                      rules=dict(canary_ticks=100_000, window=50, max_disagree=1.0, budget_ns=0, max_over=100_000,
+                                 distance=1e300))
+    tr, _ = run.loop.transitions_since(0)
+    events = [(rundir.TRANSITIONS[k - 1], slot, rundir.TRANSITION_REASONS[why]) for _, k, slot, _, why, _, _ in tr]
+    assert events == [("canary", 1, "request"), ("auto_rollback", 0, "non_finite")], events
+    c_back = int(tr[1][0])
+    assert c_back == 600 and run.loop.active == 0
+    assert lc.mode == "policy" and lc.act.counts["non_finite_trips"] == 0
+    # A alone, as if it had run all along (as the shadow it did, on its own recipe state)
+    ref = L.DeployReference(op, ap, spec_a, "torque", [(0, "policy")])
+    t_wake = run.rec["t_tick_ns"] + run.rec["wake_latency_ns"]
+    infer = run.flag("infer")
+    by_cycle = {m["cycle"]: m for m in run.sent}
+    for c in range(1000):
+        want = ref.cycle(c, int(t_wake[c]), fr.get(c), bool(infer[c]))[0]
+        if c == 0 or c >= c_back:        # A active: its commands are the reference's, the rollback's tick too
+            np.testing.assert_allclose(by_cycle[c]["u"], want, **TOL, err_msg=f"cycle {c}")
