@@ -29,6 +29,25 @@ def legged_toml(recipe, **node_keys):
     return section_toml("legged", {**recipe, **node_keys})
 
 
+def replay_on_record(ref, arrays, sent, default, before=lambda c: {}):
+    """{cycle: command} of ``ref`` (a legged.DeployReference) replayed on a node's record (cycles.npz): each
+    cycle at the time it woke, with the frame it took first (``sent`` by seq; the connection's frames carry
+    ``default``) and the record's policy ticks; ``before(cycle)``: a hook run first, returning extra keywords
+    for DeployReference.cycle (a mode request)."""
+    seqs, flags = arrays["seq"].astype(np.int64), arrays["flags"]
+    t_wake = arrays["t_tick_ns"] + arrays["wake_latency_ns"]
+    seen, want = set(), {}
+    for i, c in enumerate(arrays["cycle"].tolist()):
+        s = int(seqs[i])
+        frame = None
+        if not (flags[i] & rundir.FLAG_NO_FRAME_YET) and s not in seen:
+            seen.add(s)
+            frame = sent.get(s, default)
+        kw = before(c)
+        want[c] = ref.cycle(c, int(t_wake[i]), frame, bool(flags[i] & rundir.FLAG_INFER), **kw)[0]
+    return want
+
+
 def _recipe():
     r = isaaclab_quadruped(history=3)
     r["actuator"] = {k: v for k, v in r["actuator"].items() if k not in ("period", "stale_after")}
@@ -84,22 +103,9 @@ def test_a_legged_node_in_lockstep_publishes_the_reference_commands(tmp_path, qu
     assert lg["output"] == "torque" and lg["publish_width"] == 12
     damp_cycle = lg["transitions"][-1]["cycle"]
     # replay the reference on the node's own record
-    first_seen = set()
-    seqs = arrays["seq"].astype(np.int64)
-    flags = arrays["flags"]
-    t_wake = arrays["t_tick_ns"] + arrays["wake_latency_ns"]
-    by_seq = {robot_seq: x for robot_seq, x in sent.items()}
     ref = L.DeployReference(op, ap, spec, "torque", [(int(round(0.05 * 1000)), "stand"), (100, "policy")])
-    want = {}
-    for i, c in enumerate(arrays["cycle"].tolist()):
-        s = int(seqs[i])
-        have = not (flags[i] & rundir.FLAG_NO_FRAME_YET)
-        frame = None
-        if have and s not in first_seen:
-            first_seen.add(s)
-            frame = by_seq.get(s, fr[0])         # the connection's frames (Robot.connect) carry fr[0]
-        want[c] = ref.cycle(c, int(t_wake[i]), frame, bool(flags[i] & rundir.FLAG_INFER),
-                            request="damping" if c == damp_cycle else None)[0]
+    want = replay_on_record(ref, arrays, sent, fr[0],
+                            before=lambda c: {"request": "damping"} if c == damp_cycle else {})
     got = [a for a in actions if a["cycle"] in want]
     # the commands the SUB saw (ZeroMQ's slow joiner loses the first cycles', and the node's PUB drops for a
     # subscriber starved on a loaded host: a suite run lost 120 in a row), each once, at least half of them
@@ -319,20 +325,14 @@ def test_a_legged_node_switches_and_shadows_policies_each_with_its_own_recipe_st
     # replay: A from the policy's entry, B from its activation cycle (entered anew), on the node's own record
     ref = L.DeployReference(op, ap, spec, "torque", [(0, "policy")])
     ref_b = L.PolicyReference(spec_b)
-    seqs, flags = arrays["seq"].astype(np.int64), arrays["flags"]
-    t_wake = arrays["t_tick_ns"] + arrays["wake_latency_ns"]
-    seen, want = set(), {}
-    for i, c in enumerate(arrays["cycle"].tolist()):
-        s = int(seqs[i])
-        frame = None
-        if not (flags[i] & rundir.FLAG_NO_FRAME_YET) and s not in seen:
-            seen.add(s)
-            frame = sent.get(s, fr[0])
+
+    def enter_b(c):
         if c == act["cycle"]:            # B entered: its recipe state and its policy state anew
             ref.ro.reset()
             ref.policy = ref_b
             ref_b.reset()
-        want[c] = ref.cycle(c, int(t_wake[i]), frame, bool(flags[i] & rundir.FLAG_INFER))[0]
+        return {}
+    want = replay_on_record(ref, arrays, sent, fr[0], before=enter_b)
     got = sorted((a for a in actions if a["cycle"] in want), key=lambda a: a["cycle"])
     assert got and got[-1]["cycle"] > act["cycle"] > sh["cycle"]
     for a in got:
