@@ -133,18 +133,26 @@ def _hinge_joints(path):
     return [mujoco.mj_id2name(m, mujoco.mjtObj.mjOBJ_JOINT, j) for j in range(m.njnt) if int(m.jnt_type[j]) in kinds]
 
 
-class MujocoClient:
-    """A PUB to the node's sensor endpoint (an XPUB: the node's subscription is seen before the first frame)
-    and a SUB to its commands, driving a :class:`MujocoRobot`."""
+class MujocoSim:
+    """The closed loop every transport shares: the control rate, the command schedule, pushes, the damping
+    request, the physics steps per frame, the score and the result arrays (:meth:`run`). A transport (ZeroMQ:
+    :class:`MujocoClient`; ROS 2: ``mujoco_ros2.MujocoRos2``) subclasses it and supplies:
 
-    def __init__(self, endpoints, side: LeggedSide, robot: MujocoRobot, *, curve=None, rate_hz=None,
-                 schedule=None, push_every_s=0.0, push=0.0, seed=0, lockstep=False, pd_in_sim=False,
-                 timeout=10.0, tap=None, damp_at_s=None, control_endpoint=None):
-        import zmq
+    * ``_handshake(x0, stopper) -> (seq0, warm)``: until the node answers; warm = [(seq, t_ns, x)] sent meanwhile;
+    * ``_flush()``: drop what arrived during the handshake;
+    * ``_send(seq, x) -> t_ns``: one frame out;
+    * ``_collect(wait_ms)``: yields each command that arrived (waiting up to ``wait_ms`` for the first) as a dict
+      ``u`` (values in the actuators' order, or None), ``bad`` (None, or why the transport refused it: never
+      applied), ``safe``, ``frame`` (the index of the frame it answers, or -1), ``seq`` (the id of the command
+      in force once applied), ``t_ns`` (arrival); a generator left early keeps the rest for the next call;
+    * ``_request_damping() -> (ok, message)``; ``close()``; ``where()`` (the start line's transport part).
+    """
 
-        from control_node.security import configure_client
-        self.zmq, self.side, self.robot = zmq, side, robot
-        self.endpoints = endpoints
+    transport = "?"
+
+    def _setup(self, side: LeggedSide, robot: MujocoRobot, *, rate_hz=None, schedule=None, push_every_s=0.0,
+               push=0.0, seed=0, lockstep=False, pd_in_sim=False, timeout=10.0, damp_at_s=None):
+        self.side, self.robot = side, robot
         physics_hz = 1.0 / robot.dt
         rate = physics_hz if rate_hz is None else float(rate_hz)
         every = physics_hz / rate
@@ -165,7 +173,7 @@ class MujocoClient:
         self.push_every_s, self.push = float(push_every_s), float(push)
         self.rng = np.random.default_rng(seed + 1)
         self.lockstep, self.timeout = bool(lockstep), float(timeout)
-        self.damp_at_s, self.control_endpoint, self.curve = damp_at_s, control_endpoint, curve
+        self.damp_at_s = damp_at_s
         if side.output == "impedance" or (side.output == "position" and robot.kind == "motor"):
             self.pd = {"where": "sim", "rate_hz": physics_hz,
                        "gains": "the command's" if side.output == "impedance" else "the recipe's kp, kd"}
@@ -173,44 +181,7 @@ class MujocoClient:
             self.pd = {"where": "actuator", "rate_hz": physics_hz, "gains": "the MJCF position actuators'"}
         else:
             self.pd = {"where": "node", "rate_hz": side.rate_hz, "gains": "the recipe's kp, kd"}
-        ctx = zmq.Context.instance()
-        self.pub = ctx.socket(zmq.XPUB)
-        self.pub.setsockopt(zmq.LINGER, 200)
-        self.pub.setsockopt(zmq.SNDHWM, 100000)
-        configure_client(self.pub, curve)
-        self.pub.connect(endpoints["sensor"])
-        self.sub = ctx.socket(zmq.SUB)
-        self.sub.setsockopt(zmq.LINGER, 0)
-        self.sub.setsockopt(zmq.RCVHWM, 100000)
-        self.sub.setsockopt(zmq.SUBSCRIBE, b"")
-        configure_client(self.sub, curve)
-        self.sub.connect(endpoints["action"])
-        self.tap, self.bound = None, []
-        if tap:
-            from control_node.endpoints import ensure_ipc_dir
-            ensure_ipc_dir(tap)
-            self.tap = ctx.socket(zmq.PUB)
-            self.tap.setsockopt(zmq.LINGER, 0)
-            try:
-                self.tap.bind(tap)
-            except zmq.ZMQError as e:
-                raise UserError(f"cannot bind the sensor tap {tap}: {e}") from None
-            self.bound.append(tap)
         self._slices = {name: slice(o, o + w) for name, o, w in side.layout}
-
-    def close(self):
-        from control_node.endpoints import ipc_path
-        self.pub.close()
-        self.sub.close()
-        if self.tap is not None:
-            self.tap.close()
-        for ep in self.bound:
-            p = ipc_path(ep)
-            if p and os.path.exists(p):
-                try:
-                    os.unlink(p)
-                except OSError:
-                    pass
 
     # -- the frame --------------------------------------------------------------------------------------
     def frame(self, cmd) -> np.ndarray:
@@ -245,6 +216,206 @@ class MujocoClient:
             return u if self.robot.kind == "position" else Impedance(q=u, kp=self.side.kp, kd=self.side.kd)
         q, qd, kp, kd, ff = u.reshape(5, n)
         return Impedance(q=q, qd=qd, kp=kp, kd=kd, tau_ff=ff)
+
+    def _flush(self):
+        pass
+
+    def _after_frame(self, f):
+        """Called after frame ``f``'s physics steps (a transport that publishes more, e.g. a ROS clock)."""
+
+    def run(self, duration_s=10.0, stopper=None):
+        """Closed loop for ``duration_s`` seconds of simulated time; returns arrays and counters."""
+        r = self.robot
+        n_frames = int(round(duration_s * self.rate_hz))
+        period_ns = int(round(1e9 / self.rate_hz))
+        x0 = self.frame(self.schedule(0.0))
+        seq0, warm = self._handshake(x0, stopper)
+        self._seq0 = seq0
+        self._flush()
+        width = self.side.width
+        pub_w = self.side.rows * len(self.side.out_joints)
+        X = np.zeros((n_frames, width))
+        t_send = np.full(n_frames, -1, dtype=np.int64)
+        t_ans = np.full(n_frames, -1, dtype=np.int64)
+        U = np.full((n_frames, pub_w), np.nan)
+        safe_ans = np.zeros(n_frames, dtype=bool)
+        applied_seq = np.full(n_frames, -1, dtype=np.int64)        # the seq of the command in force per frame
+        tr_pos = np.zeros((n_frames, 3))
+        tr_vel = np.zeros((n_frames, 3))
+        tr_tau = np.zeros((n_frames, len(self.side.out_joints)))
+        tr_policy = np.zeros(n_frames, dtype=bool)
+        score = r.score()
+        counters = dict(actions=0, safe_actions=0, bad_width=0, policy_steps=0)
+        state = {"in_policy": False, "cmd_seq": -1}
+        pushes, damping, slips = [], None, []
+        push_every = int(round(self.push_every_s * self.rate_hz)) if self.push_every_s > 0 else 0
+        collect, lockstep = self._collect, self.lockstep
+
+        def record(a):
+            """Count a command from the node; the first answering a frame is that frame's answer (a refused one
+            too: the frame was answered, with something not applied)."""
+            counters["actions"] += 1
+            u = a["u"]
+            if u is None and a.get("bad") is None:
+                return False
+            safe = bool(a["safe"])
+            counters["safe_actions"] += safe
+            s = a["frame"]
+            if 0 <= s < n_frames and t_ans[s] < 0:
+                t_ans[s], safe_ans[s] = a["t_ns"], safe
+                if u is not None and len(u) == pub_w:
+                    U[s] = u
+                return True
+            return False
+
+        def apply(a):
+            if a["u"] is None:
+                return                  # refused by the transport, counted there by reason
+            c = self.command(a["u"])
+            if c is None:
+                counters["bad_width"] += 1
+                return
+            r.apply(c)
+            state["cmd_seq"] = a["seq"]
+            state["in_policy"] = not a["safe"]
+
+        def drain(wait_ms, f_now):
+            """Real time: every command that arrived is counted, the newest applies. Lockstep: only the frame's
+            answer applies (the first command answering it), not the node's later repeats of it."""
+            newest = None
+            for a in collect(wait_ms):
+                first = record(a)
+                if a["u"] is None and a.get("bad") is None:
+                    continue
+                if lockstep:
+                    if first and a["frame"] == f_now:
+                        apply(a)
+                        return
+                else:
+                    newest = a
+            if newest is not None:
+                apply(newest)
+
+        t0 = time.monotonic_ns() + 2_000_000
+        sim_t0 = r.time
+        n_done = 0
+        for f in range(n_frames):
+            if stopper is not None and stopper.stop:
+                break
+            if not lockstep:
+                late = time.monotonic_ns() - (t0 + f * period_ns)
+                if late > MAX_LAG_NS:
+                    # this process was held (a host stall): the physics does not run the missed time with a
+                    # command it cannot update; the simulated clock slips instead, counted
+                    t0 += late
+                    slips.append(late)
+                sleep_until(t0 + f * period_ns)
+                drain(0, f)
+            t_sim = r.time - sim_t0
+            cmd = self.schedule(t_sim)
+            if push_every and f and f % push_every == 0:
+                ang = float(self.rng.uniform(0, 2 * math.pi))
+                dv = (self.push * math.cos(ang), self.push * math.sin(ang), 0.0)
+                r.push(dv=dv)
+                pushes.append({"t_s": t_sim, "dv": list(dv)})
+            if damping is None and self.damp_at_s is not None and t_sim >= self.damp_at_s:
+                ok, msg = self._request_damping()
+                damping = {"t_s": t_sim, "ok": ok, "message": msg}
+                if lockstep:
+                    drain(0, -1)        # what the mode change made the node send: counted, answers no frame
+            x = self.frame(cmd)
+            X[f] = x
+            t_send[f] = self._send(seq0 + f, x)
+            if lockstep:
+                deadline = time.monotonic() + self.timeout
+                while t_ans[f] < 0:
+                    if stopper is not None and stopper.stop:
+                        break
+                    if time.monotonic() > deadline:
+                        raise UserError(f"lockstep: no command answered frame {seq0 + f} within {self.timeout:g} s "
+                                        f"({self.where()}); did the node stop? (--timeout sets the wait)")
+                    drain(20, f)
+            applied_seq[f] = state["cmd_seq"]
+            scoring = state["in_policy"]
+            for _ in range(self.every):
+                r.step()
+                if scoring:
+                    score.update_from(r, cmd)
+            counters["policy_steps"] += self.every if scoring else 0
+            tr_pos[f], tr_vel[f], tr_tau[f], tr_policy[f] = r.base_pos, r.base_lin_vel_body(), r.torque, scoring
+            self._after_frame(f)
+            n_done = f + 1
+        n = n_done
+        sent = t_send[:n] >= 0
+        answered = sent & (t_ans[:n] >= 0)
+        return {"n": n, "seq": np.arange(n, dtype=np.int64) + seq0, "x": X[:n], "t_send_ns": t_send[:n],
+                "t_action_ns": t_ans[:n], "u": U[:n], "safe": safe_ans[:n], "applied_seq": applied_seq[:n],
+                "rtt_ns": np.where(answered, t_ans[:n] - t_send[:n], -1), "warmup": warm, "seq_base": seq0,
+                "frames_sent": int(sent.sum()), "frames_answered": int(answered.sum()),
+                "base_pos": tr_pos[:n], "lin_vel_body": tr_vel[:n], "torque": tr_tau[:n], "in_policy": tr_policy[:n],
+                "score": score.summary(), "policy_s": counters["policy_steps"] * r.dt, "pushes": pushes,
+                "damping": damping, "counters": counters, "clipped": r.clipped,
+                "commands_applied": r.commands_applied, "commands_dropped": r.commands_dropped, "t0_ns": t0,
+                "slips": {"count": len(slips), "total_ms": sum(slips) / 1e6, "max_ms": max(slips, default=0) / 1e6}}
+
+
+class MujocoClient(MujocoSim):
+    """The ZeroMQ transport: a PUB to the node's sensor endpoint (an XPUB: the node's subscription is seen before
+    the first frame) and a SUB to its commands, driving a :class:`MujocoRobot`."""
+
+    transport = "zmq"
+
+    def __init__(self, endpoints, side: LeggedSide, robot: MujocoRobot, *, curve=None, rate_hz=None,
+                 schedule=None, push_every_s=0.0, push=0.0, seed=0, lockstep=False, pd_in_sim=False,
+                 timeout=10.0, tap=None, damp_at_s=None, control_endpoint=None):
+        import zmq
+
+        from control_node.security import configure_client
+        self._setup(side, robot, rate_hz=rate_hz, schedule=schedule, push_every_s=push_every_s, push=push,
+                    seed=seed, lockstep=lockstep, pd_in_sim=pd_in_sim, timeout=timeout, damp_at_s=damp_at_s)
+        self.zmq = zmq
+        self.endpoints = endpoints
+        self.control_endpoint, self.curve = control_endpoint, curve
+        ctx = zmq.Context.instance()
+        self.pub = ctx.socket(zmq.XPUB)
+        self.pub.setsockopt(zmq.LINGER, 200)
+        self.pub.setsockopt(zmq.SNDHWM, 100000)
+        configure_client(self.pub, curve)
+        self.pub.connect(endpoints["sensor"])
+        self.sub = ctx.socket(zmq.SUB)
+        self.sub.setsockopt(zmq.LINGER, 0)
+        self.sub.setsockopt(zmq.RCVHWM, 100000)
+        self.sub.setsockopt(zmq.SUBSCRIBE, b"")
+        configure_client(self.sub, curve)
+        self.sub.connect(endpoints["action"])
+        self.tap, self.bound = None, []
+        if tap:
+            from control_node.endpoints import ensure_ipc_dir
+            ensure_ipc_dir(tap)
+            self.tap = ctx.socket(zmq.PUB)
+            self.tap.setsockopt(zmq.LINGER, 0)
+            try:
+                self.tap.bind(tap)
+            except zmq.ZMQError as e:
+                raise UserError(f"cannot bind the sensor tap {tap}: {e}") from None
+            self.bound.append(tap)
+
+    def where(self):
+        return f"sensor {self.endpoints['sensor']}, action {self.endpoints['action']}"
+
+    def close(self):
+        from control_node.endpoints import ipc_path
+        self.pub.close()
+        self.sub.close()
+        if self.tap is not None:
+            self.tap.close()
+        for ep in self.bound:
+            p = ipc_path(ep)
+            if p and os.path.exists(p):
+                try:
+                    os.unlink(p)
+                except OSError:
+                    pass
 
     def _handshake(self, x0, stopper):
         """The node's subscription seen on the XPUB (no frame is lost to the slow joiner); then, when the node
@@ -285,6 +456,32 @@ class MujocoClient:
         raise UserError(f"no command from a node within {self.timeout:g} s (sensor {self.endpoints['sensor']}, "
                         f"action {self.endpoints['action']}); is it running with the same --config?")
 
+    def _flush(self):
+        while self.sub.poll(0):
+            self.sub.recv()
+
+    def _send(self, seq, x):
+        import msgpack
+        t = time.monotonic_ns()
+        raw = msgpack.packb({"seq": seq, "t_ns": t, "x": x.astype("<f8").tobytes()})
+        self.pub.send(raw)
+        if self.tap is not None:
+            self.tap.send(raw, self.zmq.NOBLOCK)
+        return t
+
+    def _collect(self, wait_ms):
+        import msgpack
+        zmq, seq0 = self.zmq, self._seq0
+        while self.sub.poll(wait_ms):
+            wait_ms = 0
+            try:
+                a = msgpack.unpackb(self.sub.recv(zmq.NOBLOCK))
+            except zmq.Again:
+                break
+            seq = a.get("seq", -1)
+            yield {"u": a.get("u"), "bad": None, "safe": bool(a.get("safe")), "frame": seq - seq0, "seq": seq,
+                   "t_ns": time.monotonic_ns()}
+
     def _request_damping(self):
         from control_node.lifecycle import PolicyClient
         try:
@@ -293,146 +490,6 @@ class MujocoClient:
             return bool(reply.get("ok")), reply.get("message", "")
         except Exception as e:       # noqa: BLE001 - the run goes on; the summary says it failed
             return False, str(e)
-
-    def run(self, duration_s=10.0, stopper=None):
-        """Closed loop for ``duration_s`` seconds of simulated time; returns arrays and counters."""
-        import msgpack
-        zmq, r = self.zmq, self.robot
-        n_frames = int(round(duration_s * self.rate_hz))
-        period_ns = int(round(1e9 / self.rate_hz))
-        x0 = self.frame(self.schedule(0.0))
-        seq0, warm = self._handshake(x0, stopper)
-        while self.sub.poll(0):
-            self.sub.recv()
-        width = self.side.width
-        pub_w = self.side.rows * len(self.side.out_joints)
-        X = np.zeros((n_frames, width))
-        t_send = np.full(n_frames, -1, dtype=np.int64)
-        t_ans = np.full(n_frames, -1, dtype=np.int64)
-        U = np.full((n_frames, pub_w), np.nan)
-        safe_ans = np.zeros(n_frames, dtype=bool)
-        applied_seq = np.full(n_frames, -1, dtype=np.int64)        # the seq of the command in force per frame
-        tr_pos = np.zeros((n_frames, 3))
-        tr_vel = np.zeros((n_frames, 3))
-        tr_tau = np.zeros((n_frames, len(self.side.out_joints)))
-        tr_policy = np.zeros(n_frames, dtype=bool)
-        score = r.score()
-        counters = dict(actions=0, safe_actions=0, bad_width=0, policy_steps=0)
-        state = {"in_policy": False, "cmd_seq": -1}
-        pushes, damping, slips = [], None, []
-        unpack, poll, recv, pack = msgpack.unpackb, self.sub.poll, self.sub.recv, msgpack.packb
-        push_every = int(round(self.push_every_s * self.rate_hz)) if self.push_every_s > 0 else 0
-
-        def record(a):
-            """Count a command from the node; the first carrying a frame's seq is that frame's answer."""
-            counters["actions"] += 1
-            u = a.get("u")
-            if u is None:
-                return False
-            safe = bool(a.get("safe"))
-            counters["safe_actions"] += safe
-            s = a.get("seq", -1) - seq0
-            if 0 <= s < n_frames and t_ans[s] < 0:
-                t_ans[s], safe_ans[s] = time.monotonic_ns(), safe
-                U[s] = u
-                return True
-            return False
-
-        def apply(a):
-            c = self.command(a["u"])
-            if c is None:
-                counters["bad_width"] += 1
-                return
-            r.apply(c)
-            safe = bool(a.get("safe"))
-            state["cmd_seq"] = a.get("seq", -1)
-            state["in_policy"] = not safe
-
-        def drain(wait_ms, f_now):
-            """Real time: every command that arrived is counted, the newest applies. Lockstep: only the frame's
-            answer applies (the first command carrying its seq), not the node's later repeats of it."""
-            newest = None
-            while poll(wait_ms):
-                wait_ms = 0
-                try:
-                    a = unpack(recv(zmq.NOBLOCK))
-                except zmq.Again:
-                    break
-                first = record(a)
-                if a.get("u") is None:
-                    continue
-                if self.lockstep:
-                    if first and a.get("seq", -1) - seq0 == f_now:
-                        apply(a)
-                        return
-                else:
-                    newest = a
-            if newest is not None:
-                apply(newest)
-
-        t0 = time.monotonic_ns() + 2_000_000
-        sim_t0 = r.time
-        n_done = 0
-        for f in range(n_frames):
-            if stopper is not None and stopper.stop:
-                break
-            if not self.lockstep:
-                late = time.monotonic_ns() - (t0 + f * period_ns)
-                if late > MAX_LAG_NS:
-                    # this process was held (a host stall): the physics does not run the missed time with a
-                    # command it cannot update; the simulated clock slips instead, counted
-                    t0 += late
-                    slips.append(late)
-                sleep_until(t0 + f * period_ns)
-                drain(0, f)
-            t_sim = r.time - sim_t0
-            cmd = self.schedule(t_sim)
-            if push_every and f and f % push_every == 0:
-                ang = float(self.rng.uniform(0, 2 * math.pi))
-                dv = (self.push * math.cos(ang), self.push * math.sin(ang), 0.0)
-                r.push(dv=dv)
-                pushes.append({"t_s": t_sim, "dv": list(dv)})
-            if damping is None and self.damp_at_s is not None and t_sim >= self.damp_at_s:
-                ok, msg = self._request_damping()
-                damping = {"t_s": t_sim, "ok": ok, "message": msg}
-            x = self.frame(cmd)
-            X[f] = x
-            t_send[f] = time.monotonic_ns()
-            raw = pack({"seq": seq0 + f, "t_ns": int(t_send[f]), "x": x.astype("<f8").tobytes()})
-            self.pub.send(raw)
-            if self.tap is not None:
-                self.tap.send(raw, zmq.NOBLOCK)
-            if self.lockstep:
-                deadline = time.monotonic() + self.timeout
-                while t_ans[f] < 0:
-                    if stopper is not None and stopper.stop:
-                        break
-                    if time.monotonic() > deadline:
-                        raise UserError(f"lockstep: no command carried frame {seq0 + f} within {self.timeout:g} s "
-                                        f"(sensor {self.endpoints['sensor']}, action {self.endpoints['action']}); "
-                                        "did the node stop? (--timeout sets the wait)")
-                    drain(20, f)
-            applied_seq[f] = state["cmd_seq"]
-            scoring = state["in_policy"]
-            for _ in range(self.every):
-                r.step()
-                if scoring:
-                    score.update_from(r, cmd)
-            counters["policy_steps"] += self.every if scoring else 0
-            tr_pos[f], tr_vel[f], tr_tau[f], tr_policy[f] = r.base_pos, r.base_lin_vel_body(), r.torque, scoring
-            n_done = f + 1
-        n = n_done
-        sent = t_send[:n] >= 0
-        answered = sent & (t_ans[:n] >= 0)
-        return {"n": n, "seq": np.arange(n, dtype=np.int64) + seq0, "x": X[:n], "t_send_ns": t_send[:n],
-                "t_action_ns": t_ans[:n], "u": U[:n], "safe": safe_ans[:n], "applied_seq": applied_seq[:n],
-                "rtt_ns": np.where(answered, t_ans[:n] - t_send[:n], -1), "warmup": warm, "seq_base": seq0,
-                "frames_sent": int(sent.sum()), "frames_answered": int(answered.sum()),
-                "base_pos": tr_pos[:n], "lin_vel_body": tr_vel[:n], "torque": tr_tau[:n], "in_policy": tr_policy[:n],
-                "score": score.summary(), "policy_s": counters["policy_steps"] * r.dt, "pushes": pushes,
-                "damping": damping, "counters": counters, "clipped": r.clipped,
-                "commands_applied": r.commands_applied, "commands_dropped": r.commands_dropped, "t0_ns": t0,
-                "slips": {"count": len(slips), "total_ms": sum(slips) / 1e6, "max_ms": max(slips, default=0) / 1e6}}
 
 
 def walk_line(sc: dict, policy_s: float) -> str:
