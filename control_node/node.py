@@ -57,8 +57,9 @@ class Diagnostics(threading.Thread):
     """Publishes snapshots, prints `ready`, logs degradation, turns signals into a stop request."""
 
     def __init__(self, loop, sock, rt_report_ref, endpoints, hz, loop_cpu, signal_fd, policy_info=None,
-                 lifecycle=None):
+                 lifecycle=None, legged_layout=None):
         super().__init__(name="diagnostics", daemon=True)
+        self.legged_layout = legged_layout or {}
         self.lifecycle = lifecycle
         self.signal_fd = signal_fd
         self.policy_info = policy_info or {}
@@ -142,8 +143,9 @@ class Diagnostics(threading.Thread):
             # the policy lifecycle: names, the shadow's counts, the last transitions (numbered "n")
             "lifecycle": self.lifecycle.brief() if self.lifecycle is not None else None,
             # a legged node's mode and its faults' counts (one int each, read off the loop's thread)
+            # plus its names and frame layout (legged_layout: fixed at start), so a viewer can name what it plots
             "legged": ({"mode": loop.legged.mode, "stand_done": loop.legged.stand_done, "output": loop.legged.output,
-                        "counts": loop.legged.act.counts} if loop.legged is not None else None),
+                        "counts": loop.legged.act.counts, **self.legged_layout} if loop.legged is not None else None),
             # every cycle since the last snapshot (the newest record may be mid-write: one short of it)
             "ring": self._cycles(last["streamed"], max(last["streamed"], cycles - 1)),
             "phase_offset_ns": int(loop.phase_offset_ns),
@@ -159,6 +161,32 @@ class Diagnostics(threading.Thread):
                   f"(total {misses}, {cycles} cycles)", file=sys.stderr, flush=True)
             last["log"], last["misses"] = now, misses
         last["cycles"], last["t"] = cycles, now
+
+
+def legged_layout(cfg: dict, lc) -> dict:
+    """The names and layout a viewer needs to read a legged node's frames and commands (the live view's joint
+    states and base, control_node/live/channels.py), fixed at start: ``joints`` (robot: the frame's joint order;
+    actuators: the command's; policy), ``quat_order`` of the frame's quaternion (None when neither a term nor
+    the config states it: never guessed), ``frame`` [{signal, offset, width}] and ``command_rows`` per actuator
+    (legged.OUTPUT_ROWS). {} without a [legged] recipe."""
+    if lc is None:
+        return {}
+    from control_node.loop import legged as L
+    op, ap = lc.obs.plan, lc.act.plan
+    robot = list(((cfg.get("legged") or {}).get("joints") or {}).get("robot") or [])
+    if len(robot) != op.n_robot:        # not from the config: the policy's joints by slot, the rest numbered
+        robot = [f"joint{i}" for i in range(op.n_robot)]
+        for i, slot in enumerate(ap.sens_map.tolist()):
+            robot[slot] = ap.policy_joints[i]
+    if "quat" in op.uses:
+        quat = "wxyz" if op.quat_order == 0 else "xyzw"
+    else:       # no term reads it: the config's word if it gave one
+        quat = ((cfg.get("legged") or {}).get("observation") or {}).get("quat_order")
+        quat = quat if quat in L.QUAT_ORDERS else None
+    return {"joints": {"robot": [str(n) for n in robot], "actuators": [str(n) for n in ap.out_joints],
+                       "policy": [str(n) for n in ap.policy_joints]},
+            "quat_order": quat, "command_rows": int(L.OUTPUT_ROWS[lc.output]),
+            "frame": [{"signal": s, "offset": int(o), "width": int(w)} for s, o, w in L.frame_layout(op)]}
 
 
 def policy_info(policy, safe: dict) -> dict:
@@ -306,7 +334,7 @@ class Node:
             rt_ref = {}
             lifecycle = Lifecycle(loop, cfg, policy, self.model_path)
             diag = Diagnostics(loop, sockets.diagnostics, rt_ref, cfg["endpoints"], st["diagnostics_hz"], loop_cpu,
-                               sig_r, info, lifecycle)
+                               sig_r, info, lifecycle, legged_layout=legged_layout(cfg, legged))
             control = ControlThread(lifecycle, sockets.control, loop_cpu)
             diag.start()                              # before pinning: they keep the full CPU mask
             control.start()

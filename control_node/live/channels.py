@@ -10,11 +10,17 @@ Rates: observation, action and ``/sim/pendulum`` keep one message in ``every`` (
 whose index, is a multiple of it); ``/control_node/cycle`` has one message per ``every`` cycles with the
 min, max and last of each figure over those cycles, so a spike is never averaged away; events are never
 thinned.
+
+A legged node (docs/legged.md) adds, from its snapshots' ``legged`` names and frame layout: ``/control_node/mode``
+each snapshot; ``/control_node/base`` and ``/control_node/tf`` (a foxglove.FrameTransform world -> base) from
+each kept frame; ``/control_node/joint_states`` per kept frame once the node's command answering that frame
+(the action carrying its seq) has arrived too, so a joint's position, velocity and command are of one cycle.
 """
 from __future__ import annotations
 
 import math
 import re
+from collections import OrderedDict
 
 from control_node import rundir
 
@@ -25,7 +31,19 @@ EVENTS = "/control_node/events"
 SIM_PENDULUM = "/sim/pendulum"
 TOPICS = (OBSERVATION, ACTION, CYCLE, EVENTS, SIM_PENDULUM)
 MODE = "/control_node/mode"            # a legged node's mode, each diagnostics snapshot (docs/legged.md)
-LEGGED_TOPICS = (MODE,)                # advertised when a legged node's snapshot first carries its mode
+JOINT_STATES = "/control_node/joint_states"    # per joint by name: position, velocity, the node's command
+BASE = "/control_node/base"            # the IMU: orientation (quaternion, roll/pitch/yaw), gyro, acc, command
+TF = "/control_node/tf"                # foxglove.FrameTransform world -> base: the 3D panel tilts the base
+LEGGED_TOPICS = (MODE, JOINT_STATES, BASE, TF)     # advertised once a legged node's snapshot names its layout
+FRAME_WORLD, FRAME_BASE = "world", "base"
+#: per actuator, the command's fields by output (legged.OUTPUT_ROWS; impedance: rows q*, qd*, kp, kd, tau_ff)
+COMMAND_FIELDS = {"torque": ("torque",), "position": ("target",),
+                  "impedance": ("target", "target_velocity", "kp", "kd", "tau_ff")}
+COMMAND_UNITS = {"torque": "N m, after the clip to tau_max", "target": "rad, the position target q*",
+                 "target_velocity": "rad/s", "kp": "N m/rad", "kd": "N m s/rad", "tau_ff": "N m, feed-forward"}
+# a frame kept for its joint states waits this many newer frames (seq) for the command answering it; a frame the
+# node never answered (superseded by a newer one, rejected) is then dropped, counted in Converter.unpaired
+PAIR_WINDOW = 1000
 DEFAULT_EVERY = 10          # at 1 kHz: 100 messages a second on each thinned channel
 
 _INT, _NUM, _STR, _BOOL = {"type": "integer"}, {"type": "number"}, {"type": "string"}, {"type": "boolean"}
@@ -46,8 +64,63 @@ def _num(v):
     return v if math.isfinite(v) else None
 
 
-def schema(topic: str, feature_names=(), action_names=()) -> dict:
-    """The JSON schema of a channel (observation and action name their values)."""
+_XYZ = {"type": ["object", "null"], "properties": {k: {"type": ["number", "null"]} for k in "xyz"}}
+
+
+def _frame_transform_schema():
+    """foxglove.FrameTransform as JSON (the well-known schema's fields: the 3D panel reads it by its name)."""
+    vec = {"title": "foxglove.Vector3", "type": "object", "properties": {k: _NUM for k in "xyz"}}
+    return {"title": "foxglove.FrameTransform", "type": "object",
+            "description": "the base's orientation from the IMU quaternion (no position: the node has none)",
+            "properties": {
+                "timestamp": {"type": "object", "title": "time", "properties": {
+                    "sec": {"type": "integer", "minimum": 0},
+                    "nsec": {"type": "integer", "minimum": 0, "maximum": 999999999}}},
+                "parent_frame_id": _STR, "child_frame_id": _STR, "translation": vec,
+                "rotation": {"title": "foxglove.Quaternion", "type": "object",
+                             "properties": {k: _NUM for k in "xyzw"}}}}
+
+
+def _joint_states_schema(legged):
+    lay = legged_names(legged) if legged else None
+    fields = ("position", "velocity") + COMMAND_FIELDS.get((legged or {}).get("output"), ())
+    joint = {"type": "object", "properties": {f: {"type": ["number", "null"], "description": COMMAND_UNITS.get(
+        f, "rad" if f == "position" else "rad/s")} for f in fields}}
+    return {"title": "control_node.JointStates", "type": "object", "properties": {
+        "seq": {"type": "integer", "description": "the frame the positions and velocities are from"},
+        "t_ns": {"type": "integer", "description": "the frame's sender CLOCK_MONOTONIC ns"},
+        "cycle": {"type": ["integer", "null"], "description": "the node's cycle whose command this is"},
+        "safe": {"type": ["boolean", "null"], "description": "the command was the watchdog's (damping)"},
+        "output": {"type": "string", "enum": list(COMMAND_FIELDS)},
+        "joints": {"type": "object", "description": "by joint name (joints.robot); the command of an actuator "
+                                                    "(joints.actuators), null for a joint without one",
+                   "properties": {n: joint for n in (lay["robot"] if lay else ())}}}}
+
+
+def schema(topic: str, feature_names=(), action_names=(), legged=None) -> dict:
+    """The JSON schema of a channel (observation and action name their values; a legged node's joint states
+    name its joints from ``legged``, its snapshots' layout)."""
+    if topic == JOINT_STATES:
+        return _joint_states_schema(legged)
+    if topic == BASE:
+        cmd = legged_names(legged)["command"] if legged else ()
+        return {"title": "control_node.Base", "type": "object", "properties": {
+            "seq": _INT, "t_ns": {"type": "integer", "description": "the frame's sender CLOCK_MONOTONIC ns"},
+            "quat_order": {"type": ["string", "null"], "description": "the frame's quaternion order "
+                                                                      "(observation.quat_order); null: not stated"},
+            "quat_raw": {"type": "object", "description": "the frame's four quaternion values as sent (q0..q3)",
+                         "properties": {f"q{i}": {"type": ["number", "null"]} for i in range(4)}},
+            "orientation": {"type": ["object", "null"], "description": "body -> world, normalised, by component",
+                            "properties": {k: _NUM for k in "wxyz"}},
+            "rpy_deg": {"type": ["object", "null"], "description": "roll, pitch, yaw in degrees (Z-Y-X: yaw, "
+                                                                   "then pitch, then roll)",
+                        "properties": {k: _NUM for k in ("roll", "pitch", "yaw")}},
+            "projected_gravity": {**_XYZ, "description": "R^T [0, 0, -1]: gravity's direction in the body frame"},
+            "gyro": {**_XYZ, "description": "body frame, rad/s"},
+            "acc": {**_XYZ, "description": "body frame, the IMU's acceleration"},
+            "command": _named(cmd, "the frame's velocity command")}}
+    if topic == TF:
+        return _frame_transform_schema()
     if topic == OBSERVATION:
         return {"title": "control_node.Observation", "type": "object", "properties": {
             "seq": _INT, "t_ns": {"type": "integer", "description": "sender CLOCK_MONOTONIC ns"},
@@ -99,21 +172,73 @@ def names_for(values, names) -> list[str]:
         f"x{i}" for i in range(len(values))]
 
 
+def legged_names(legged: dict) -> dict:
+    """From a legged snapshot's layout: ``robot`` and ``actuators`` (joint names as message-path fields), the
+    frame's slices by signal (``slices``: name -> (offset, width)), its ``width``, the ``command`` names."""
+    joints = legged.get("joints") or {}
+    frame = legged.get("frame") or []
+    slices = {str(f["signal"]): (int(f["offset"]), int(f["width"])) for f in frame}
+    robot = joints.get("robot") or []
+    acts = joints.get("actuators") or robot
+    n_cmd = slices.get("command", (0, 0))[1]
+    return {"robot": names_for(robot, robot), "actuators": names_for(acts, acts), "slices": slices,
+            "width": sum(w for _, w in slices.values()),
+            # the usual three of a velocity command (docs/legged.md), else numbered
+            "command": ["vx", "vy", "yaw_rate"] if n_cmd == 3 else [f"c{i}" for i in range(n_cmd)]}
+
+
+def quat_wxyz(q, order):
+    """(w, x, y, z) normalised from four values in ``order`` ("wxyz" or "xyzw"); None when not finite or zero."""
+    w, x, y, z = (q[0], q[1], q[2], q[3]) if order == "wxyz" else (q[3], q[0], q[1], q[2])
+    n = math.sqrt(w * w + x * x + y * y + z * z)
+    if not math.isfinite(n) or n == 0.0:
+        return None
+    return w / n, x / n, y / n, z / n
+
+
+def rpy_deg(w, x, y, z):
+    """Roll, pitch, yaw (degrees) of a body -> world quaternion, Z-Y-X (yaw about z, then pitch about the new
+    y, then roll about the new x: R = Rz(yaw) Ry(pitch) Rx(roll))."""
+    roll = math.atan2(2 * (w * x + y * z), 1 - 2 * (x * x + y * y))
+    pitch = math.asin(max(-1.0, min(1.0, 2 * (w * y - z * x))))
+    yaw = math.atan2(2 * (w * z + x * y), 1 - 2 * (y * y + z * z))
+    return math.degrees(roll), math.degrees(pitch), math.degrees(yaw)
+
+
+def gravity_in_body(w, x, y, z):
+    """R^T [0, 0, -1] for the body -> world rotation R of (w, x, y, z): the projected_gravity term's value."""
+    return 2 * (w * y - x * z), -2 * (y * z + w * x), -(1 - 2 * (x * x + y * y))
+
+
 class Converter:
     """ZeroMQ messages in (decoded msgpack dicts), ``(topic, message, log_time_ns)`` out.
 
     ``offset_ns``: wall time minus CLOCK_MONOTONIC, fixed once per run. ``every``: see the module doc."""
 
-    def __init__(self, offset_ns: int, every: int = DEFAULT_EVERY, feature_names=None, action_names=None):
+    def __init__(self, offset_ns: int, every: int = DEFAULT_EVERY, feature_names=None, action_names=None,
+                 legged=None):
         if every < 1:
             raise ValueError("every must be >= 1")
         self.offset_ns, self.every = int(offset_ns), int(every)
         self.feature_names, self.action_names = feature_names, action_names
+        self.legged = None                 # a legged node's layout (its snapshots' "legged" names and frame)
+        self._lay = None
+        self.pairs = OrderedDict()         # seq -> [frame (t_ns, x) or None, action or None], waiting for the other
+        self.paired = OrderedDict()        # seqs whose joint state went out (a later action of the same seq: skip)
+        self.unpaired = 0                  # kept frames dropped without a command answering them (PAIR_WINDOW)
+        self.legged_mode = None            # the mode of the last snapshot (passive with position output: no command)
+        if legged:
+            self._set_legged(legged)
         self.pending = {}                  # the open cycle window's records
         self.rejected = None               # the last snapshot's counts by reason
         self.transitions_seen = -1         # the last lifecycle transition number reported
         self.phase_offset_ns = 0
         self.mode_seen = None              # a legged node's mode in the last snapshot
+
+    def _set_legged(self, legged):
+        lay = legged_names(legged)
+        if lay["width"] and lay["robot"] and "joint_pos" in lay["slices"]:
+            self.legged, self._lay = dict(legged), lay
 
     def sensor(self, m: dict):
         x = m.get("x")
@@ -122,7 +247,14 @@ class Converter:
             return []
         names = names_for(x, self.feature_names)
         t = int(m.get("t_ns", 0))
-        return [(OBSERVATION, {"seq": seq, "t_ns": t, "x": dict(zip(names, map(_num, x)))}, t + self.offset_ns)]
+        out = [(OBSERVATION, {"seq": seq, "t_ns": t, "x": dict(zip(names, map(_num, x)))}, t + self.offset_ns)]
+        if self._lay is not None and len(x) == self._lay["width"]:   # another width: a frame the node rejects
+            out += self._base(seq, t, x)
+            if self.legged.get("output") == "position" and self.legged_mode == "passive":
+                out.append(self._joint_states(seq, (t, x), None))     # passive: the node sends no command
+            else:
+                out += self._pair(seq, 0, (t, x))
+        return out
 
     def action(self, m: dict):
         seq = m.get("seq")
@@ -134,7 +266,82 @@ class Converter:
             out["u"] = dict(zip(names_for(m["u"], self.action_names), map(_num, m["u"])))
         else:
             out["action"] = int(m.get("action", -1))
-        return [(ACTION, out, out["t_ns"] + self.offset_ns)]
+        items = [(ACTION, out, out["t_ns"] + self.offset_ns)]
+        if (self._lay is not None and isinstance(m.get("u"), (list, tuple))
+                and len(m["u"]) == len(COMMAND_FIELDS.get(self.legged.get("output"), ())) * len(self._lay["actuators"])):
+            items += self._pair(seq, 1, m)
+        return items
+
+    def _pair(self, seq, side, value):
+        """Hold a kept frame (side 0) or the node's command answering it (side 1) until the other arrives (the
+        sensor tap and the action stream are separate sockets: either may come first); then its joint state."""
+        if seq in self.paired:
+            return []               # a later cycle's command for the same frame (loop faster than the frames)
+        entry = self.pairs.get(seq)
+        if entry is None:
+            entry = self.pairs[seq] = [None, None]
+            # by seq, and by count (a robot that restarted its seq leaves older, higher ones behind)
+            while len(self.pairs) > 1 and (next(iter(self.pairs)) < seq - PAIR_WINDOW
+                                           or len(self.pairs) > PAIR_WINDOW):
+                self.pairs.popitem(last=False)
+                self.unpaired += 1
+        if entry[side] is not None:
+            return []
+        entry[side] = value
+        if entry[0] is None or entry[1] is None:
+            return []
+        del self.pairs[seq]
+        self.paired[seq] = None
+        while len(self.paired) > PAIR_WINDOW:         # bounded: the newest
+            self.paired.popitem(last=False)
+        return [self._joint_states(seq, entry[0], entry[1])]
+
+    def _joint_states(self, seq, frame, action):
+        lay, out_kind = self._lay, self.legged.get("output")
+        t, x = frame
+        (po, _), (vo, _) = lay["slices"]["joint_pos"], lay["slices"].get("joint_vel", (None, 0))
+        joints = {}
+        for i, name in enumerate(lay["robot"]):
+            joints[name] = {"position": _num(x[po + i]), "velocity": _num(x[vo + i]) if vo is not None else None}
+        fields = COMMAND_FIELDS.get(out_kind, ())
+        n_act = len(lay["actuators"])
+        for i, name in enumerate(lay["actuators"]):
+            j = joints.setdefault(name, {"position": None, "velocity": None})
+            for r, f in enumerate(fields):      # row r of the command: the actuators' values of that field
+                j[f] = _num(action["u"][r * n_act + i]) if action is not None else None
+        for j in joints.values():
+            for f in fields:
+                j.setdefault(f, None)
+        msg = {"seq": seq, "t_ns": t, "cycle": int(action["cycle"]) if action is not None else None,
+               "safe": bool(action.get("safe")) if action is not None else None, "output": str(out_kind),
+               "joints": joints}
+        return JOINT_STATES, msg, t + self.offset_ns
+
+    def _base(self, seq, t, x):
+        lay, order = self._lay, self.legged.get("quat_order")
+
+        def part(signal, keys):
+            o, w = lay["slices"].get(signal, (0, 0))
+            return {k: _num(x[o + i]) for i, k in enumerate(keys)} if w == len(keys) else None
+        qo, qw = lay["slices"].get("imu_quat", (0, 0))
+        raw = [float(v) for v in x[qo:qo + qw]] if qw == 4 else None
+        q = quat_wxyz(raw, order) if raw is not None and order in ("wxyz", "xyzw") else None
+        msg = {"seq": seq, "t_ns": t, "quat_order": order,
+               "quat_raw": {f"q{i}": _num(v) for i, v in enumerate(raw or ())},
+               "orientation": dict(zip("wxyz", q)) if q else None,
+               "rpy_deg": dict(zip(("roll", "pitch", "yaw"), rpy_deg(*q))) if q else None,
+               "projected_gravity": dict(zip("xyz", gravity_in_body(*q))) if q else None,
+               "gyro": part("imu_gyro", "xyz"), "acc": part("imu_acc", "xyz"),
+               "command": part("command", lay["command"]) or {}}
+        log = t + self.offset_ns
+        out = [(BASE, msg, log)]
+        if q:
+            w, qx, qy, qz = q
+            out.append((TF, {"timestamp": {"sec": log // 1_000_000_000, "nsec": log % 1_000_000_000},
+                             "parent_frame_id": FRAME_WORLD, "child_frame_id": FRAME_BASE,
+                             "translation": {"x": 0.0, "y": 0.0, "z": 0.0},
+                             "rotation": {"x": qx, "y": qy, "z": qz, "w": w}}, log))
+        return out
 
     def sim_state(self, m: dict):
         step = m.get("step")
@@ -185,7 +392,10 @@ class Converter:
                                              "text": f"{d} frame(s) rejected: {reason}"}, t_snap))
             self.rejected = dict(rej)
         lg = m.get("legged")
+        if isinstance(lg, dict) and self.legged is None and lg.get("joints") and lg.get("frame"):
+            self._set_legged(lg)
         if isinstance(lg, dict) and lg.get("mode"):
+            self.legged_mode = str(lg["mode"])
             c = lg.get("counts") or {}
             out.append((MODE, {"mode": str(lg["mode"]), "stand_done": bool(lg.get("stand_done")),
                                "output": str(lg.get("output")), "stale_trips": int(c.get("stale_trips", 0)),

@@ -94,7 +94,7 @@ class LiveServer:
         c = self.channels.get(topic)
         if c is None:
             sch = ch.schema(topic, feature_names=self.conv.feature_names or (),
-                            action_names=self.conv.action_names or ())
+                            action_names=self.conv.action_names or (), legged=self.conv.legged)
             c = self.channels[topic] = self._foxglove.Channel(topic, schema=sch, message_encoding="json")
         return c
 
@@ -176,5 +176,7 @@ def run_live(endpoints, listen, key, every=ch.DEFAULT_EVERY, model=None, curve=N
         for s, h in old.items():
             signal.signal(s, h)
     print("foxglove: messages " + ", ".join(f"{t} {n}" for t, n in srv.counts.items())
-          + f"; {srv.sent_bytes} bytes encoded for viewers", file=sys.stderr, flush=True)
+          + f"; {srv.sent_bytes} bytes encoded for viewers"
+          + (f"; {srv.conv.unpaired} kept frames without a command answering them (no joint state)"
+             if srv.conv.unpaired else ""), file=sys.stderr, flush=True)
     return 0

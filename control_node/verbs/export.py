@@ -108,6 +108,27 @@ def recorded_policy(path):
     return {}
 
 
+def recorded_legged(path):
+    """The legged names and frame layout the recording's /diagnostics announce (``legged`` with ``joints``), or
+    None (not a legged node, or recorded before the snapshots carried them)."""
+    import msgpack
+
+    from control_node.recording import DIAGNOSTICS
+    from control_node.recording.reader import iter_messages
+    for topic, data, *_ in iter_messages(path):
+        if topic != DIAGNOSTICS:
+            continue
+        try:
+            d = msgpack.unpackb(data, raw=False, strict_map_key=False)
+        except Exception:       # noqa: BLE001 - a torn message names nothing
+            continue
+        if not isinstance(d, dict):
+            continue
+        lg = d.get("legged")    # the node's first snapshot says: every snapshot carries the same names
+        return lg if isinstance(lg, dict) and lg.get("joints") and lg.get("frame") else None
+    return None
+
+
 class LiveChannels:
     """The live view's channels (control_node.live.channels) written beside the recorded ones: one
     converter for the file, its wall-clock offset fixed by the first message that carries a send time."""
@@ -119,6 +140,7 @@ class LiveChannels:
         self.ch, self.w, self.json = channels, writer, json
         pol = recorded_policy(path)
         self.names = (pol.get("feature_names"), pol.get("action_names"))
+        self.legged = recorded_legged(path)     # a legged node's names: joint states from the first frame on
         self.every = every
         self.conv = None
         self.chans = {}
@@ -131,13 +153,14 @@ class LiveChannels:
             if not isinstance(d.get("t_ns"), int):
                 return
             self.conv = self.ch.Converter(self.ch.offset_from_recording(log_time, d["t_ns"]), self.every,
-                                          feature_names=self.names[0], action_names=self.names[1])
+                                          feature_names=self.names[0], action_names=self.names[1],
+                                          legged=self.legged)
         conv = {"/sensor": self.conv.sensor, "/action": self.conv.action,
                 "/diagnostics": self.conv.diagnostics, "/sim/state": self.conv.sim_state}.get(topic)
         for t, msg, lt in (conv(d) if conv else []):
             if t not in self.chans:
                 sch = self.ch.schema(t, feature_names=self.conv.feature_names or (),
-                                     action_names=self.conv.action_names or ())
+                                     action_names=self.conv.action_names or (), legged=self.conv.legged)
                 sid = self.w.register_schema(name=sch["title"], encoding="jsonschema",
                                              data=self.json.dumps(sch).encode())
                 self.chans[t] = self.w.register_channel(topic=t, message_encoding="json", schema_id=sid)
