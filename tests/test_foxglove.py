@@ -360,11 +360,11 @@ def _paths(layout):
             yield cfg["topicPath"]
 
 
-def _resolves(path, names):
-    topic = next((t for t in ch.TOPICS if path == t or path.startswith(t + ".")), None)
+def _resolves(path, names, legged=None):
+    topic = next((t for t in ch.TOPICS + ch.LEGGED_TOPICS if path == t or path.startswith(t + ".")), None)
     if topic is None:
         return False
-    node = ch.schema(topic, *names)
+    node = ch.schema(topic, *names, legged=legged)
     for part in path[len(topic):].split(".")[1:]:
         node = (node.get("properties") or {}).get(part)
         if node is None:
@@ -383,6 +383,36 @@ def test_the_packaged_layouts_plot_fields_the_channels_have():
         assert len(paths) >= 8
         assert [p for p in paths if not _resolves(p, names)] == [], name
     assert not _resolves("/control_node/cycle.no_such_field", pendulum)     # the check can fail
+
+
+def _quadruped_legged():
+    """The legged names and frame layout `launch quadruped`'s node announces (node.legged_layout), from its
+    packaged config."""
+    import tomllib
+    from importlib import resources
+
+    from control_node.deploy import NODE_KEYS
+    from control_node.loop import legged as L
+    raw = tomllib.loads((resources.files("control_node.configs") / "quadruped.toml").read_text())["legged"]
+    op = L.build_obs_plan({k: v for k, v in raw.items() if k not in NODE_KEYS})
+    robot = raw["joints"]["robot"]
+    return {"output": raw["output"], "quat_order": raw["observation"]["quat_order"],
+            "joints": {"robot": robot, "actuators": raw["joints"].get("actuators", robot)},
+            "frame": [{"signal": s, "offset": o, "width": w} for s, o, w in L.frame_layout(op)]}
+
+
+def test_the_legged_layout_plots_joints_by_name_and_shows_the_mode():
+    from importlib import resources
+    legged = _quadruped_legged()
+    layout = json.loads((resources.files("control_node.configs") / "foxglove" / "quadruped.json").read_text())
+    paths = list(_paths(layout))
+    assert [p for p in paths if not _resolves(p, ((), ()), legged)] == []
+    for n in legged["joints"]["robot"]:                     # every joint's position and torque is plotted
+        assert {f"{ch.JOINT_STATES}.joints.{n}.position", f"{ch.JOINT_STATES}.joints.{n}.torque"} <= set(paths)
+    assert f"{ch.MODE}.mode" in paths and f"{ch.BASE}.rpy_deg.pitch" in paths
+    assert any(k.startswith("3D!") for k in layout["configById"])      # the base tilting, from /control_node/tf
+    assert not _resolves(f"{ch.JOINT_STATES}.joints.no_such_joint.position", ((), ()), legged)
+    assert not _resolves(f"{ch.JOINT_STATES}.joints.FL_hip_joint.target", ((), ()), legged)   # torque output
 
 
 def test_cycle_windows_keep_a_spike_and_events_name_misses():
