@@ -9,7 +9,9 @@ def register(sub):
                                    "'control-node[foxglove]') fed by ZeroMQ subscribers of the node's action and "
                                    "diagnostics streams, the sensor tap and the pendulum simulator's state stream: "
                                    "/control_node/observation, /control_node/action, /control_node/cycle, "
-                                   "/control_node/events, /sim/pendulum (docs/live.md). A process of its own: the "
+                                   "/control_node/events, /sim/pendulum; a legged node's /control_node/mode, "
+                                   "/control_node/joint_states, /control_node/base, /control_node/tf (docs/live.md). "
+                                   "A process of its own: the "
                                    "node only publishes, a viewer (slow or not) costs its loop nothing. "
                                    "`launch --foxglove` and `run --foxglove` start it for you.")
     p.add_argument("--config", default=None, help="the node's config: its endpoints, [node] model (feature names) "
