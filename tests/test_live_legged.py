@@ -192,6 +192,12 @@ def test_a_viewer_sees_a_legged_robots_joints_base_and_mode_by_name(tmp_path, le
     assert len(msgs[ch.BASE]) > 200
     check_base([(int(m["log_time"]), m["msg"]) for m in got["messages"][ch.BASE]],
                [(int(m["log_time"]), m["msg"]) for m in got["messages"][ch.TF]], sent, op)
+    # /control_node/action: the published command named by the actuators (its order), not the policy's names
+    named = [m["msg"] for m in got["messages"][ch.ACTION] if list(m["msg"]["u"]) == ACTUATORS]
+    assert len(named) > 0.9 * len(got["messages"][ch.ACTION]) > 100, len(named)
+    for m in named:
+        if m["cycle"] in actions_by_cycle:
+            assert list(m["u"].values()) == actions_by_cycle[m["cycle"]]["u"], m
     modes = [m["mode"] for m in msgs[ch.MODE]]
     assert "policy" in modes and all(m["output"] == "torque" for m in msgs[ch.MODE]), modes
 
@@ -208,6 +214,10 @@ def test_a_viewer_sees_a_legged_robots_joints_base_and_mode_by_name(tmp_path, le
                 seen[channel.topic][1].append(json.loads(msg.data))
                 seen[channel.topic][2].append(msg.log_time)
     assert set(ch.LEGGED_TOPICS) <= set(seen), sorted(seen)
+    with open(tmp_path / "out.mcap", "rb") as f:       # the recorded /action's u_by_name: by actuator too
+        raw_acts = [json.loads(msg.data) for _, _, msg in make_reader(f).iter_messages(topics=["/action"])]
+    assert raw_acts and all(list(a["u_by_name"]) == ACTUATORS and list(a["u_by_name"].values()) == a["u"]
+                            for a in raw_acts)
     assert seen[ch.TF][0] == "foxglove.FrameTransform"
     exported = seen[ch.JOINT_STATES][1]
     assert len(exported) >= 0.9 * len([s for s in sent if s % EVERY == 0]), (len(exported), len(sent))

@@ -187,6 +187,15 @@ def legged_names(legged: dict) -> dict:
             "command": ["vx", "vy", "yaw_rate"] if n_cmd == 3 else [f"c{i}" for i in range(n_cmd)]}
 
 
+def command_names(legged: dict) -> list[str]:
+    """Names of a legged node's published command, in its order: the actuators' (joints.actuators) for a torque
+    or position output, ``<field>_<actuator>`` row by row for impedance (COMMAND_FIELDS). The policy's action
+    names would mislabel it: the command is in the actuators' order, not the policy's."""
+    acts = legged_names(legged)["actuators"]
+    fields = COMMAND_FIELDS.get(legged.get("output"), ())
+    return list(acts) if len(fields) == 1 else [f"{f}_{a}" for f in fields for a in acts]
+
+
 def quat_wxyz(q, order):
     """(w, x, y, z) normalised from four values in ``order`` ("wxyz" or "xyzw"); None when not finite or zero."""
     w, x, y, z = (q[0], q[1], q[2], q[3]) if order == "wxyz" else (q[3], q[0], q[1], q[2])
@@ -239,6 +248,8 @@ class Converter:
         lay = legged_names(legged)
         if lay["width"] and lay["robot"] and "joint_pos" in lay["slices"]:
             self.legged, self._lay = dict(legged), lay
+            # /control_node/action's u is the command, in the actuators' order: named by them
+            self.action_names = command_names(legged) or self.action_names
 
     def sensor(self, m: dict):
         x = m.get("x")

@@ -185,6 +185,10 @@ def run(args):
     n = 0
     if args.to == "rosbag2":
         return _rosbag2(args, stem, names)
+    legged = recorded_legged(args.file)
+    if legged:                  # a legged node publishes its actuators' command, not the policy's action
+        from control_node.live.channels import command_names
+        names = command_names(legged)
     if args.to == "json-mcap":
         from mcap.writer import Writer
 
