@@ -152,7 +152,9 @@ def test_a_viewer_sees_a_legged_robots_joints_base_and_mode_by_name(tmp_path, le
             x[lay["imu_gyro"][0]:lay["imu_gyro"][0] + 6] = rng.normal(0, 0.3, 6) + [0, 0, 0, 0, 0, 9.81]
             rpy, (w, qx, qy, qz) = tilt(seq)
             x[lay["imu_quat"][0]:lay["imu_quat"][0] + 4] = [qx, qy, qz, w]      # ROS order
-            data = msgpack.packb({"seq": seq, "t_ns": time.monotonic_ns(), "x": x.tolist()})
+            # every other frame with x as a bin (8 bytes a value, docs/protocol.md), as sim mujoco sends them
+            xv = x.astype("<f8").tobytes() if seq % 2 else x.tolist()
+            data = msgpack.packb({"seq": seq, "t_ns": time.monotonic_ns(), "x": xv})
             robot.seq = seq
             robot.send_raw(data)
             tap.send(data)
@@ -187,6 +189,7 @@ def test_a_viewer_sees_a_legged_robots_joints_base_and_mode_by_name(tmp_path, le
     obs = {m["msg"]["seq"] for m in got["messages"].get(ch.OBSERVATION, [])}
     js = [m["seq"] for m in msgs[ch.JOINT_STATES]]
     assert len(js) == len(set(js)) > 200 and len(set(js) & obs) > 0.9 * len(js), (len(js), len(obs), live_out)
+    assert sum(s % 2 for s in js) > 0.3 * len(js)          # frames sent as a bin are read too
     in_policy = check_joint_states(msgs[ch.JOINT_STATES], sent, actions_by_cycle, first_cycle_of)
     assert in_policy > 100, in_policy
     assert len(msgs[ch.BASE]) > 200

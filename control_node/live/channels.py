@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import re
+import struct
 from collections import OrderedDict
 
 from control_node import rundir
@@ -254,6 +255,8 @@ class Converter:
     def sensor(self, m: dict):
         x = m.get("x")
         seq = m.get("seq")
+        if isinstance(x, (bytes, bytearray)) and len(x) % 8 == 0:    # a bin x (docs/protocol.md: sim mujoco's)
+            x = struct.unpack(f"<{len(x) // 8}d", x)
         if not isinstance(x, (list, tuple)) or not isinstance(seq, int) or seq % self.every or m.get("warmup"):
             return []
         names = names_for(x, self.feature_names)
