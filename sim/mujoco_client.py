@@ -510,8 +510,8 @@ def summarize(res, client: MujocoClient, settings: dict) -> dict:
     sc, r, side = res["score"], client.robot, client.side
     rtt = res["rtt_ns"][res["rtt_ns"] >= 0]
     line = walk_line(sc, res["policy_s"])
-    return {
-        "role": "sim", "task": "mujoco", "format": rundir.SUMMARY_FORMAT,
+    out = {
+        "role": "sim", "task": "mujoco", "transport": client.transport, "format": rundir.SUMMARY_FORMAT,
         "frames_sent": res["frames_sent"], "frames_answered": res["frames_answered"],
         "actions_received": res["counters"]["actions"], "safe_actions": res["counters"]["safe_actions"],
         "actions_lost": int(res["frames_sent"] - res["frames_answered"]), "accuracy": None,
@@ -530,6 +530,12 @@ def summarize(res, client: MujocoClient, settings: dict) -> dict:
                     "t0_ns": int(res["t0_ns"])},
         "stream": settings,
     }
+    if client.transport == "ros2":
+        ros = client.ros2_summary(int(res["t0_ns"]))
+        out["ros2"] = ros
+        out["commands_refused"] = ros["commands_refused"]
+        out["commands_bad_width"] += ros["commands_refused"].get("wrong_width", 0)
+    return out
 
 
 def write_run_dir(run_dir, summary, res):

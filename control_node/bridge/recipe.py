@@ -98,6 +98,7 @@ class Recipe:
     source: str
     node_name: str = "control_node_bridge"
     mode_topic: str | None = None          # a legged node's modes, from a std_msgs/String topic ([ros2.legged])
+    policy_topic: str | None = None        # a legged node's policy/safe state, as a latched std_msgs/Bool
 
     @property
     def topics(self) -> dict:
@@ -278,7 +279,10 @@ def _check_joint_names(path, terms, feature_names):
 
 
 LEGGED_TOPICS = {"joint_states": "/joint_states", "imu": "/imu/data", "command": "/cmd_vel",
-                 "mode": "/control_node/mode"}     # std_msgs/String: passive, damping, stand or policy
+                 "mode": "/control_node/mode",     # std_msgs/String: passive, damping, stand or policy
+                 # std_msgs/Bool, latched (reliable, transient local): true while the node's commands are its
+                 # policy's (not its safe ones), published when that changes, before the command that changed it
+                 "policy_active": "/control_node/policy_active"}
 
 
 def legged_observation(path, raw_legged_topics, legged) -> tuple[list, list]:
@@ -355,6 +359,10 @@ def parse_recipe(raw_ros2, path, n_features=None, feature_names=None, action_nam
         mode_topic = raw_ros2["legged"].get("mode", LEGGED_TOPICS["mode"])
         if not isinstance(mode_topic, str) or not mode_topic.startswith("/"):
             raise _bad(path, "ros2.legged.mode", f"invalid value {mode_topic!r}", 'use an absolute topic name')
+        policy_topic = raw_ros2["legged"].get("policy_active", LEGGED_TOPICS["policy_active"])
+        if not isinstance(policy_topic, str) or not policy_topic.startswith("/") or len(policy_topic) < 2:
+            raise _bad(path, "ros2.legged.policy_active", f"invalid value {policy_topic!r}",
+                       'use an absolute topic name, e.g. "/control_node/policy_active"')
         n_features = feature_names = None       # the node checks the recipe against its policy
         if (legged or {}).get("output", "torque") == "impedance":
             action_names = None                 # five rows per actuator: a Float64MultiArray only
@@ -395,7 +403,8 @@ def parse_recipe(raw_ros2, path, n_features=None, feature_names=None, action_nam
         raise _bad(path, "ros2.node_name", f"invalid value {name!r}", "use letters, digits and '_', starting with a letter")
     return Recipe(domain_id=dom, trigger=trigger, max_age_ns=int(age * 1e6), terms=terms, action=action,
                   width=width, source=str(path), node_name=name,
-                  mode_topic=mode_topic if "legged" in raw_ros2 else None)
+                  mode_topic=mode_topic if "legged" in raw_ros2 else None,
+                  policy_topic=policy_topic if "legged" in raw_ros2 else None)
 
 
 def load_recipe(path, model=None, check_model=True) -> Recipe:

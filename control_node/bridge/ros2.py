@@ -154,6 +154,9 @@ class Bridge:
         self.mode_q = queue.Queue(maxsize=100)
         self.mode_requests = {}             # result -> count ("ok", or the node's refusal code)
         self.mode_thread = None
+        self.policy_pub = None              # [ros2.legged] policy_active: the node's policy/safe state
+        self.policy_state = None
+        self.policy_published = 0
 
     # -- ROS 2 -> node --------------------------------------------------------------------------------
     def _mode_callback(self, msg):
@@ -257,6 +260,11 @@ class Bridge:
                 if key == self.last_key:
                     continue
                 self.last_key = key
+                if self.policy_pub is not None and self.policy_state is not (not safe):
+                    # before the command: a robot reading both knows the mode of each command it gets
+                    self.policy_state = not safe
+                    self.policy_pub.publish(self.bool_cls(data=self.policy_state))
+                    self.policy_published += 1
                 if self.action_pub is not None:
                     stamp = self.node.get_clock().now().to_msg() if self.writer.stamped else None
                     self.action_pub.publish(self.writer.build(u, stamp))
@@ -297,6 +305,11 @@ class Bridge:
                                                   depth=10, reliability=ReliabilityPolicy.BEST_EFFORT))
                 self.mode_thread = threading.Thread(target=self._modes, name="modes", daemon=True)
                 self.mode_thread.start()
+            if self.recipe.policy_topic:    # latched: a subscriber joining later gets the current state
+                from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy
+                self.bool_cls = message_class("std_msgs/msg/Bool")
+                self.policy_pub = self.node.create_publisher(self.bool_cls, self.recipe.policy_topic, QoSProfile(
+                    depth=1, reliability=ReliabilityPolicy.RELIABLE, durability=DurabilityPolicy.TRANSIENT_LOCAL))
             th = threading.Thread(target=self._actions, name="actions", daemon=True)
             th.start()
             ex = make_executor()
@@ -379,6 +392,8 @@ class Bridge:
                 "actions_undecodable": self.actions_undecodable, "argmax_actions_ignored": self.argmax_actions,
                 "node_restarts": self.node_restarts, "callback_latency_ns": pct,
                 "mode_requests": dict(self.mode_requests),
+                "policy_active": {"topic": self.recipe.policy_topic, "published": self.policy_published,
+                                  "last": self.policy_state},
                 "cpu_share": cpu / (wall / 1e9), "duration_s": wall / 1e9,
                 "recipe": {"trigger": self.recipe.trigger, "max_age_ms": self.recipe.max_age_ns / 1e6,
                            "width": self.recipe.width, "domain_id": self.recipe.domain_id,

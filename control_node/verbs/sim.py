@@ -58,10 +58,16 @@ def register(sub):
                     help="push size: added theta_dot in rad/s (default: 2); mujoco: a horizontal velocity impulse "
                          "on the base in m/s, in a direction drawn from --seed (default: 0.3)")
     pe.add_argument("--ros2", action="store_true",
-                    help="be a ROS 2 robot instead of a ZeroMQ client: publish sensor_msgs/msg/JointState on "
+                    help="be a ROS 2 robot instead of a ZeroMQ client (run `control-node bridge ros2` beside the "
+                         "node; needs rclpy, control-node[ros2]). pendulum: publish sensor_msgs/msg/JointState on "
                          "/joint_states (joint 'theta': position, velocity, effort) and take effort commands as "
-                         "std_msgs/msg/Float64MultiArray on /pendulum_controller/commands (run `control-node bridge "
-                         "ros2` beside the node; configs/pendulum_ros2.toml). Needs rclpy (control-node[ros2])")
+                         "std_msgs/msg/Float64MultiArray on /pendulum_controller/commands "
+                         "(configs/pendulum_ros2.toml). mujoco: publish every model joint's JointState on "
+                         "/joint_states (effort = applied torque), sensor_msgs/msg/Imu on /imu/data (x, y, z, w; "
+                         "body frame) and the --cmd schedule as geometry_msgs/msg/Twist on /cmd_vel (topics from the "
+                         "config's [ros2.legged]); take the node's commands on --command-topic; the node's mode from "
+                         "the bridge's latched std_msgs/msg/Bool [ros2.legged] policy_active; --damp-before-end "
+                         "publishes \"damping\" on [ros2.legged] mode (configs/quadruped_ros2.toml)")
     mj = p.add_argument_group(
         "mujoco", "the robot of a legged node: --config is the node's config, whose [legged] recipe gives the frame "
                   "layout (joint_pos, joint_vel by joints.robot's names, imu_quat in observation.quat_order, "
@@ -86,6 +92,15 @@ def register(sub):
                     help="the PD runs here at physics rate from the node's impedance commands (the baseline to "
                          "compare with the node's PD at its loop rate, output \"torque\"); refused when the node "
                          "publishes torques")
+    mj.add_argument("--command-topic", default=None, metavar="TOPIC",
+                    help="with --ros2: the topic of the node's commands (default: the config's [ros2.action] topic, "
+                         "else /leg_controller/commands)")
+    mj.add_argument("--command-type", default=None, choices=["Float64MultiArray", "JointState"],
+                    help="with --ros2: std_msgs/msg/Float64MultiArray (data in joints.actuators' order) or "
+                         "sensor_msgs/msg/JointState (matched by name: effort for a torque output, position for a "
+                         "position output); a command of a wrong width, with a non-finite value or an unknown or "
+                         "missing joint is counted by reason and never applied (default: the config's "
+                         "[ros2.action] type, else Float64MultiArray)")
     mj.add_argument("--damp-before-end", type=float, default=None, metavar="S",
                     help="ask the node for damping (its control endpoint, as `control-node mode damping`) S seconds "
                          "before the end")
@@ -323,10 +338,16 @@ def _mujoco(args, eps, curve):
     from control_node.sim import engine
     from control_node.sim.mujoco_client import LeggedSide, MujocoClient, build_robot, summarize, write_run_dir
     from control_node.sim.mujoco_robot import CommandSchedule
-    if args.model or args.features or args.ros2:
-        raise UserError("sim mujoco takes the node's config, not " + ("--model" if args.model else "--features"
-                        if args.features else "--ros2") + ": the frame layout and output come from its [legged] "
-                        "recipe. Fix: drop it and pass --config NODE_CONFIG")
+    if args.model or args.features:
+        raise UserError("sim mujoco takes the node's config, not " + ("--model" if args.model else "--features")
+                        + ": the frame layout and output come from its [legged] recipe. Fix: drop it and pass "
+                        "--config NODE_CONFIG")
+    if (args.command_topic or args.command_type) and not args.ros2:
+        raise UserError("--command-topic / --command-type are the ROS 2 robot's (the ZeroMQ path reads the node's "
+                        "action endpoint). Fix: add --ros2, or drop them")
+    if args.ros2 and args.tap is not None:
+        raise UserError("--tap re-publishes ZeroMQ frames, and with --ros2 the bridge makes the frames. Fix: drop "
+                        "--tap (record the ROS 2 topics with `ros2 bag record`)")
     if args.file is not None and not os.path.isfile(args.file):
         raise UserError(f"model {args.file}: no such file. Fix: pass the path of an MJCF (.xml), or none for the "
                         "packaged quadruped")
@@ -342,18 +363,27 @@ def _mujoco(args, eps, curve):
     push = 0.3 if args.push is None else float(args.push)
     damp_at = None if args.damp_before_end is None else max(0.0, duration - float(args.damp_before_end))
     tap = None if args.tap is None else (eps["sensor_tap"] if args.tap == "auto" else args.tap)
-    client = MujocoClient(eps, side, robot, curve=curve, rate_hz=args.rate, schedule=schedule,
-                          push_every_s=args.push_every, push=push, seed=args.seed, lockstep=args.lockstep,
-                          pd_in_sim=args.pd_in_sim, timeout=args.timeout, tap=tap, damp_at_s=damp_at,
-                          control_endpoint=eps.get("control"))
+    loop = dict(rate_hz=args.rate, schedule=schedule, push_every_s=args.push_every, push=push, seed=args.seed,
+                lockstep=args.lockstep, pd_in_sim=args.pd_in_sim, timeout=args.timeout, damp_at_s=damp_at)
+    if args.ros2:
+        from control_node.sim.mujoco_ros2 import MujocoRos2, ros2_settings
+        ros2 = ros2_settings(args.config, side, args.command_topic, args.command_type)
+        client = MujocoRos2(side, robot, ros2, domain_id=_ros_domain(args.config), **loop)
+    else:
+        client = MujocoClient(eps, side, robot, curve=curve, tap=tap, control_endpoint=eps.get("control"), **loop)
     run_dir = args.run_dir or engine.new_run_dir("sim")
     pd = client.pd
     where = {"node": f"the node's PD at {pd['rate_hz']:g} Hz", "sim": f"PD here at physics rate {pd['rate_hz']:g} Hz "
              f"({pd['gains']} gains)", "actuator": "the MJCF's position actuators"}[pd["where"]]
+    via = ""
+    if args.ros2:
+        via = (f"; ROS 2: {client.topics['joint_states']}, {client.topics['imu']}, {client.topics['command']} -> "
+               f"commands {client.command_topic} ({client.command_type.rsplit('/', 1)[1]}"
+               + (f" {client.field} by name" if client.field else "") + f"), mode from {client.topics['policy_active']}")
     print(f"sim: mujoco {robot.path}: {len(side.out_joints)} joints by name, {robot.kind} actuators, IMU site "
           f"{robot.imu_site}, physics {1 / robot.dt:g} Hz, frames {client.rate_hz:g} Hz, "
           f"{'lockstep' if args.lockstep else 'real time'}; node output {side.output}: {where}; command {schedule}"
-          + (f"; added latency {latency} steps" if latency else ""), flush=True)
+          + (f"; added latency {latency} steps" if latency else "") + via, flush=True)
     try:
         with engine.Stopper() as stopper:
             try:
@@ -367,13 +397,26 @@ def _mujoco(args, eps, curve):
                 "keyframe": args.keyframe, "cmd": str(schedule), "delay_us": args.delay_us,
                 "latency_steps": latency, "drop": args.drop, "push_every_s": args.push_every, "push": push,
                 "seed": args.seed, "duration_s": duration, "lockstep": args.lockstep, "pd_in_sim": args.pd_in_sim,
-                "damp_before_end_s": args.damp_before_end, "tap": tap}
+                "damp_before_end_s": args.damp_before_end, "tap": tap, "transport": client.transport}
     summary = summarize(res, client, settings)
     write_run_dir(run_dir, summary, res)
     rt = summary["round_trip_ns"]
+    refused = ", ".join(f"{k} {v}" for k, v in (summary.get("commands_refused") or {}).items())
     print(f"frames sent {summary['frames_sent']}, answered {summary['frames_answered']}, commands applied "
-          f"{summary['commands_applied']} (dropped {summary['commands_dropped']}), torque clipped "
+          f"{summary['commands_applied']} (dropped {summary['commands_dropped']}"
+          + (f"; refused {refused}" if refused else "") + "), torque clipped "
           f"{summary['torque_clipped']}, clock slips {summary['slips']['count']}; round trip p50 {engine.fmt_ms(rt['p50'])} p99 {engine.fmt_ms(rt['p99'])}")
     print(summary["control"]["line"])
     print(f"run directory: {run_dir}", flush=True)
     return 0
+
+
+def _ros_domain(config):
+    """ROS_DOMAIN_ID, else the config's [ros2] domain_id (as the bridge reads it), else None (rclpy's default)."""
+    import os
+
+    from control_node.config import read_toml
+    if os.environ.get("ROS_DOMAIN_ID") not in (None, ""):
+        return None                 # rclpy reads the environment itself
+    dom = ((read_toml(config) if config else {}).get("ros2") or {}).get("domain_id")
+    return dom if isinstance(dom, int) and not isinstance(dom, bool) else None
