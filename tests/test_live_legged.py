@@ -263,3 +263,29 @@ def test_a_known_tilt_and_a_position_output_in_the_converter():
     out = conv.sensor({"seq": 8, "t_ns": 3, "x": x})
     js = [m for t, m, _ in out if t == ch.JOINT_STATES]
     assert js and js[0]["joints"]["hip"] == {"position": 0.2, "velocity": 2.0, "target": None}
+
+
+def test_a_frame_the_node_never_acted_on_gets_its_joint_state_with_a_null_command():
+    """The node acts on the newest frame: a kept frame still waiting when a command for a newer one arrives was
+    superseded (its joint state at once, torque null), also when the tap delivers it after that command; a
+    command that arrives before its frame waits for it (either socket may be first)."""
+    frame = [{"signal": s, "offset": o, "width": w} for s, o, w in
+             (("joint_pos", 0, 1), ("joint_vel", 1, 1), ("imu_quat", 2, 4), ("imu_gyro", 6, 3), ("imu_acc", 9, 3),
+              ("command", 12, 0))]
+    conv = ch.Converter(0, every=2, legged={"output": "torque", "quat_order": "wxyz", "frame": frame,
+                                            "joints": {"robot": ["knee"], "actuators": ["knee"]}})
+
+    def x(v):
+        return [v, -v, 1, 0, 0, 0, 0, 0, 0, 0, 0, 9.81]
+
+    def js(items):
+        return [(m["seq"], m["joints"]["knee"]["torque"], m["cycle"]) for t, m, _ in items if t == ch.JOINT_STATES]
+    assert js(conv.sensor({"seq": 2, "t_ns": 1, "x": x(0.2)})) == []                  # waits for its command
+    assert js(conv.action({"seq": 3, "cycle": 9, "t_ns": 2, "safe": False, "u": [3.0]})) == [(2, None, None)]
+    assert js(conv.sensor({"seq": 3, "t_ns": 3, "x": x(0.3)})) == []                  # not kept (every 2)
+    assert js(conv.action({"seq": 4, "cycle": 10, "t_ns": 4, "safe": False, "u": [4.0]})) == []   # before its frame
+    assert js(conv.sensor({"seq": 4, "t_ns": 5, "x": x(0.4)})) == [(4, 4.0, 10)]
+    assert js(conv.action({"seq": 4, "cycle": 11, "t_ns": 6, "safe": False, "u": [4.5]})) == []   # the same frame
+    assert js(conv.action({"seq": 7, "cycle": 12, "t_ns": 7, "safe": False, "u": [7.0]})) == []
+    assert js(conv.sensor({"seq": 6, "t_ns": 8, "x": x(0.6)})) == [(6, None, None)]   # the tap was late
+    assert conv.superseded == 2 and conv.unpaired == 0

@@ -42,8 +42,8 @@ COMMAND_FIELDS = {"torque": ("torque",), "position": ("target",),
                   "impedance": ("target", "target_velocity", "kp", "kd", "tau_ff")}
 COMMAND_UNITS = {"torque": "N m, after the clip to tau_max", "target": "rad, the position target q*",
                  "target_velocity": "rad/s", "kp": "N m/rad", "kd": "N m s/rad", "tau_ff": "N m, feed-forward"}
-# a frame kept for its joint states waits this many newer frames (seq) for the command answering it; a frame the
-# node never answered (superseded by a newer one, rejected) is then dropped, counted in Converter.unpaired
+# a kept frame waits at most this many newer frames (seq) for the command carrying its seq, and a command as long
+# for its frame (no sensor tap, a rejected frame); then it is dropped, counted in Converter.unpaired
 PAIR_WINDOW = 1000
 DEFAULT_EVERY = 10          # at 1 kHz: 100 messages a second on each thinned channel
 
@@ -233,9 +233,12 @@ class Converter:
         self.feature_names, self.action_names = feature_names, action_names
         self.legged = None                 # a legged node's layout (its snapshots' "legged" names and frame)
         self._lay = None
-        self.pairs = OrderedDict()         # seq -> [frame (t_ns, x) or None, action or None], waiting for the other
+        self.wait_frames = OrderedDict()   # seq -> (t_ns, x): kept frames waiting for the command carrying their seq
+        self.wait_cmds = OrderedDict()     # seq -> action: commands waiting for their kept frame (the tap was slower)
         self.paired = OrderedDict()        # seqs whose joint state went out (a later action of the same seq: skip)
-        self.unpaired = 0                  # kept frames dropped without a command answering them (PAIR_WINDOW)
+        self.answered = -1                 # the newest frame the node published a command for
+        self.superseded = 0                # kept frames the node never acted on (a newer one came first): command null
+        self.unpaired = 0                  # kept frames or commands dropped without the other (PAIR_WINDOW)
         self.legged_mode = None            # the mode of the last snapshot (passive with position output: no command)
         if legged:
             self._set_legged(legged)
@@ -272,43 +275,61 @@ class Converter:
 
     def action(self, m: dict):
         seq = m.get("seq")
-        if not isinstance(seq, int) or seq < 0 or seq % self.every:
+        if not isinstance(seq, int) or seq < 0:
             return []
+        superseded = self._answered(seq) if self._lay is not None else []
+        if seq % self.every:
+            return superseded
         out = {"seq": seq, "cycle": int(m.get("cycle", -1)), "t_ns": int(m.get("t_ns", 0)),
                "safe": bool(m.get("safe"))}
         if isinstance(m.get("u"), (list, tuple)):
             out["u"] = dict(zip(names_for(m["u"], self.action_names), map(_num, m["u"])))
         else:
             out["action"] = int(m.get("action", -1))
-        items = [(ACTION, out, out["t_ns"] + self.offset_ns)]
+        items = superseded + [(ACTION, out, out["t_ns"] + self.offset_ns)]
         if (self._lay is not None and isinstance(m.get("u"), (list, tuple))
                 and len(m["u"]) == len(COMMAND_FIELDS.get(self.legged.get("output"), ())) * len(self._lay["actuators"])):
             items += self._pair(seq, 1, m)
         return items
 
     def _pair(self, seq, side, value):
-        """Hold a kept frame (side 0) or the node's command answering it (side 1) until the other arrives (the
-        sensor tap and the action stream are separate sockets: either may come first); then its joint state."""
+        """A kept frame (side 0) or the node's command carrying its seq (side 1): the joint state once both are
+        here (the sensor tap and the action stream are separate sockets: either may come first)."""
         if seq in self.paired:
             return []               # a later cycle's command for the same frame (loop faster than the frames)
-        entry = self.pairs.get(seq)
-        if entry is None:
-            entry = self.pairs[seq] = [None, None]
+        mine, other = (self.wait_frames, self.wait_cmds) if side == 0 else (self.wait_cmds, self.wait_frames)
+        if seq in other:
+            got = other.pop(seq)
+            self.paired[seq] = None
+            while len(self.paired) > PAIR_WINDOW:         # bounded: the newest
+                self.paired.popitem(last=False)
+            return [self._joint_states(seq, *((value, got) if side == 0 else (got, value)))]
+        if side == 0 and seq < self.answered:
+            self.superseded += 1    # the node already acted on a newer frame: none will answer this one
+            return [self._joint_states(seq, value, None)]
+        if seq not in mine:
+            mine[seq] = value
             # by seq, and by count (a robot that restarted its seq leaves older, higher ones behind)
-            while len(self.pairs) > 1 and (next(iter(self.pairs)) < seq - PAIR_WINDOW
-                                           or len(self.pairs) > PAIR_WINDOW):
-                self.pairs.popitem(last=False)
+            while len(mine) > 1 and (next(iter(mine)) < seq - PAIR_WINDOW or len(mine) > PAIR_WINDOW):
+                mine.popitem(last=False)
                 self.unpaired += 1
-        if entry[side] is not None:
+        return []
+
+    def _answered(self, seq):
+        """The node published a command for frame ``seq`` (any frame, kept or not). It acts on the newest frame,
+        so a kept frame older than that still waiting for its command was superseded: its joint state goes out
+        now, with a null command, rather than never."""
+        if seq < self.answered - PAIR_WINDOW:       # the robot restarted its seq
+            self.answered = -1
+        if seq <= self.answered:
             return []
-        entry[side] = value
-        if entry[0] is None or entry[1] is None:
-            return []
-        del self.pairs[seq]
-        self.paired[seq] = None
-        while len(self.paired) > PAIR_WINDOW:         # bounded: the newest
-            self.paired.popitem(last=False)
-        return [self._joint_states(seq, entry[0], entry[1])]
+        self.answered = seq
+        out = []
+        while self.wait_frames and next(iter(self.wait_frames)) < seq:
+            s, frame = self.wait_frames.popitem(last=False)
+            self.superseded += 1
+            out.append(self._joint_states(s, frame, None))
+        return out
 
     def _joint_states(self, seq, frame, action):
         lay, out_kind = self._lay, self.legged.get("output")

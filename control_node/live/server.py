@@ -177,6 +177,7 @@ def run_live(endpoints, listen, key, every=ch.DEFAULT_EVERY, model=None, curve=N
             signal.signal(s, h)
     print("foxglove: messages " + ", ".join(f"{t} {n}" for t, n in srv.counts.items())
           + f"; {srv.sent_bytes} bytes encoded for viewers"
-          + (f"; {srv.conv.unpaired} kept frames without a command answering them (no joint state)"
-             if srv.conv.unpaired else ""), file=sys.stderr, flush=True)
+          + (f"; joint states: {srv.conv.superseded} of frames the node never acted on (a newer frame came "
+             f"first: command null), {srv.conv.unpaired} frames or commands left without the other"
+             if srv.conv.legged else ""), file=sys.stderr, flush=True)
     return 0
