@@ -24,6 +24,9 @@ function of the frames and the node's answers, whatever the host's speed.
 The walk is scored (``Score``) over the time the node is in policy mode (its commands are not ``safe``):
 time upright, falls, distance, mean velocity against the command, tracking error, torque peak and RMS.
 
+One loop (``MujocoSim.run``) serves every transport: ``MujocoClient`` here (ZeroMQ, the node's own protocol) and
+``mujoco_ros2.MujocoRos2`` (the robot as a ROS 2 robot, beside ``control-node bridge ros2``).
+
 A tool: never imported by the node.
 """
 from __future__ import annotations
