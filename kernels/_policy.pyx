@@ -100,10 +100,16 @@ def isa_missing(isa):
     return None if missing == NULL else missing.decode()
 
 
-def _narrow(cnp.ndarray laid_out, str weights):
-    """A laid-out float weight array -> the same layout in ``weights`` storage, 64-byte aligned."""
+def _narrow(cnp.ndarray laid_out, str weights, bint panels=False):
+    """A laid-out float weight array -> the same layout in ``weights`` storage, 64-byte aligned. bf16 in
+    panels (``panels``: every row a whole number of 32-element groups) is paired: in each group, element j
+    (< 16) and element 16 + j share 32-bit word j, low and high half (mlp_core.h MLP_WEIGHTS says why)."""
     from control_node.kernels.weights import stored
     values = stored(laid_out, weights)
+    if panels and weights == "bf16":
+        if values.size % 32:
+            raise RuntimeError(f"kernel layout: {values.size} panel weights are not whole 32-element groups")
+        values = values.reshape(-1, 2, 16).transpose(0, 2, 1).ravel()
     out = _aligned_zeros(values.size, values.dtype)
     out[:] = values
     return out
@@ -258,7 +264,7 @@ cdef class Policy:
                 sp = _aligned_zeros(_pad(n_out, PW), np.float32)
                 sp[:n_out] = wscale
             k["dot"].append(dot)
-            k["W"].append(Wp if storage == "f32" else _narrow(Wp, storage))
+            k["W"].append(Wp if storage == "f32" else _narrow(Wp, storage, panels=not (dot or small)))
             k["b"].append(bp)
             k["ws"].append(sp)
         for name, a in zip(("obs_scale", "obs_lo", "obs_hi", "norm_lo", "norm_hi"),
@@ -315,7 +321,7 @@ cdef class Policy:
         Wx[:] = _in_panels(Wx_cols, PW)
         Wh[:] = _in_panels(Wh_cols, PW)
         if storage != "f32":
-            Wx, Wh = _narrow(Wx, storage), _narrow(Wh, storage)
+            Wx, Wh = _narrow(Wx, storage, panels=True), _narrow(Wh, storage, panels=True)
         if sx is not None:
             k["wsx"], k["wsh"] = sx.astype(np.float32), sh.astype(np.float32)
         lstm = spec.recurrent == "lstm"

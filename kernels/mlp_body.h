@@ -37,12 +37,21 @@ MLP_INLINE void MLP_FN(activate_row)(T *restrict out, int pn, int code, T alpha)
     }
 }
 MLP_INLINE VT MLP_FN(ld_native)(const T *p) { return *(const VT *)p; }
+/* panel rows (mlp_core.h MLP_WEIGHTS): the vector at element offset off of a row; off is a constant once the
+ * kernels' loops over their NB vectors unroll, so the paired bf16 branch folds away */
+MLP_INLINE VT MLP_FN(lda_native)(const T *w, int off) { return *(const VT *)(w + off); }
+MLP_INLINE VT MLP_FN(lda_h)(const uint16_t *w, int off) { return MLP_CAT(LDP, _h)(w + off); }
+MLP_INLINE VT MLP_FN(lda_q)(const int8_t *w, int off) { return MLP_CAT(LDP, _q)(w + off); }
+MLP_INLINE VT MLP_FN(lda_bp)(const uint16_t *w, int off) {
+    const uint16_t *g = w + (off & ~31) + 2 * (off & 15);       /* the group's word holding element off */
+    return (off & 16) ? MLP_CAT(LDP, _bph)(g) : MLP_CAT(LDP, _bpl)(g);
+}
 MLP_XTSUM(BLK, VT, VI, MLP_PFX)
-/* the weight kernels once per storage: T itself, f16 (_h), bf16 (_bh), int8 (_q) */
-MLP_XWEIGHTS(T, VT, MLP_PFX, , T, MLP_FN(ld_native), MLP_CAT(LDP, _s), 0)
-MLP_XWEIGHTS(T, VT, MLP_PFX, _h, uint16_t, MLP_CAT(LDP, _h), MLP_CAT(LDP, _s), 0)
-MLP_XWEIGHTS(T, VT, MLP_PFX, _bh, uint16_t, MLP_CAT(LDP, _bh), MLP_CAT(LDP, _s), 0)
-MLP_XWEIGHTS(T, VT, MLP_PFX, _q, int8_t, MLP_CAT(LDP, _q), MLP_CAT(LDP, _s), 1)
+/* the weight kernels once per storage: T itself, f16 (_h), bf16 (_bh: paired in panels), int8 (_q) */
+MLP_XWEIGHTS(T, VT, MLP_PFX, , T, MLP_FN(ld_native), MLP_FN(lda_native), MLP_CAT(LDP, _s), 0)
+MLP_XWEIGHTS(T, VT, MLP_PFX, _h, uint16_t, MLP_CAT(LDP, _h), MLP_FN(lda_h), MLP_CAT(LDP, _s), 0)
+MLP_XWEIGHTS(T, VT, MLP_PFX, _bh, uint16_t, MLP_CAT(LDP, _bh), MLP_FN(lda_bp), MLP_CAT(LDP, _s), 0)
+MLP_XWEIGHTS(T, VT, MLP_PFX, _q, int8_t, MLP_CAT(LDP, _q), MLP_FN(lda_q), MLP_CAT(LDP, _s), 1)
 /* one switch per layer on the storage (settled at load; the branch always goes the same way) */
 MLP_INLINE void MLP_FN(panels_w)(const T *restrict in, int n_in, const void *W, const T *restrict b,
                                      const float *s, T *restrict out, int pg, int relu, int wkind) {

@@ -113,7 +113,8 @@ static inline float mlp_bf16_to_float(uint16_t h) {
 }
 /* Weight loaders for the generic copy (non-x86, or the -march=native build): lane by lane in C, which the
  * compiler vectorises as the target allows. LDP##_h / _bh / _q load one VT from stored f16 / bf16 / int8,
- * LDP##_s one VT of float32 scales. */
+ * LDP##_s one VT of float32 scales; LDP##_bpl / _bph one VT from the low / high halves of paired bf16
+ * (MLP_WEIGHTS). */
 #define MLP_LD_SCALAR(T, VT, LDP)                                                     \
 MLP_INLINE VT LDP##_h(const uint16_t *p) {                                            \
     VT v = {0}; for (int k = 0; k < (int)(sizeof(VT) / sizeof(T)); k++) v[k] = (T)mlp_half_to_float(p[k]); return v; } \
@@ -122,7 +123,11 @@ MLP_INLINE VT LDP##_bh(const uint16_t *p) {                                     
 MLP_INLINE VT LDP##_q(const int8_t *p) {                                              \
     VT v = {0}; for (int k = 0; k < (int)(sizeof(VT) / sizeof(T)); k++) v[k] = (T)p[k]; return v; } \
 MLP_INLINE VT LDP##_s(const float *p) {                                               \
-    VT v = {0}; for (int k = 0; k < (int)(sizeof(VT) / sizeof(T)); k++) v[k] = (T)p[k]; return v; }
+    VT v = {0}; for (int k = 0; k < (int)(sizeof(VT) / sizeof(T)); k++) v[k] = (T)p[k]; return v; } \
+MLP_INLINE VT LDP##_bpl(const uint16_t *g) {                                          \
+    VT v = {0}; for (int k = 0; k < (int)(sizeof(VT) / sizeof(T)); k++) v[k] = (T)mlp_bf16_to_float(g[2 * k]); return v; } \
+MLP_INLINE VT LDP##_bph(const uint16_t *g) {                                          \
+    VT v = {0}; for (int k = 0; k < (int)(sizeof(VT) / sizeof(T)); k++) v[k] = (T)mlp_bf16_to_float(g[2 * k + 1]); return v; }
 
 /* Accumulators are GCC vector-extension values, not arrays: arrays get spilled to
  * the stack with mixed-width stores and reloads, and the failed store-to-load
@@ -139,13 +144,14 @@ MLP_INLINE VT LDP##_s(const float *p) {                                         
 /* pure overhead (4 extra instructions per 8 FMAs; PPO 3-64-64-1 ran 264 -> 326 ns with them). */
 #define MLP_PREFETCH_MIN_BYTES (256 * 1024)
 /* Weights may be stored narrower than the compute dtype T (m->wkind, MLP_W_*): WT is the stored element,
- * LD(p) loads one vector of T from LN stored values and converts it in registers (no wider copy is kept);
+ * LDA(row, off) loads the vector of T at element offset off of a panel row (every row starts a 32-element
+ * group: see MLP_WEIGHTS for paired bf16) and converts it in registers (no wider copy is kept);
  * SCALED (int8): the sums run over the raw integers and each output is multiplied by its channel's float32
  * scale (SLD) before the bias is added. For the native storage LD is a plain load and SCALED 0, so the
  * float32 / float64 kernels compile to what they were. */
-#define MLP_AXPY_NB(T, VT, NAME, NB, PF, SUFFIX, WT, LD, SLD, SCALED)                 \
+#define MLP_AXPY_NB(T, VT, NAME, NB, PF, SUFFIX, WT, LDA, SLD, SCALED)                \
 MLP_INLINE void NAME##_axpy_nb##NB##SUFFIX(const T *restrict in, int n_in,            \
-                                   const WT *restrict W, int stride,                  \
+                                   const WT *restrict W, int wo, int stride,          \
                                    const T *restrict b, const float *restrict s,      \
                                    T *restrict out, int relu) {                       \
     enum { LN = (int)(sizeof(VT) / sizeof(T)), LINES = (NB * LN * (int)sizeof(WT) + 63) / 64 }; \
@@ -156,8 +162,8 @@ MLP_INLINE void NAME##_axpy_nb##NB##SUFFIX(const T *restrict in, int n_in,      
         const WT *w0 = W + (size_t)i * stride;                                        \
         if (PF)                                                                       \
             for (int k = 0; k < LINES; k++)                                           \
-                __builtin_prefetch((const char *)w0 + MLP_PREFETCH_BYTES + 64 * k, 0, 3); \
-        for (int q = 0; q < NB; q++) acc[q] += x0 * LD(w0 + q * LN);                  \
+                __builtin_prefetch((const char *)(w0 + wo) + MLP_PREFETCH_BYTES + 64 * k, 0, 3); \
+        for (int q = 0; q < NB; q++) acc[q] += x0 * LDA(w0, wo + q * LN);             \
     }                                                                                 \
     for (int q = 0; q < NB; q++) {                                                    \
         VT v = acc[q];                                                                \
@@ -224,12 +230,17 @@ MLP_INLINE VT NAME##_tsum(const VT *c) {                                        
  * 64-byte ones). Dense axpy layers and the recurrent gates use it.
  * layer_dot: BLK outputs at a time, one partial-sum vector each (the inputs run in the outer loop, so BLK
  * independent FMA chains overlap); the BLK vectors are then transposed and added in one shuffle tree. Wt has
- * its rows padded to 64 bytes of T (zero rows), so whole groups never read past it. */
-#define MLP_WEIGHTS(T, VT, NAME, WSFX, WT, LD, SLD, SCALED)                            \
-MLP_AXPY_NB(T, VT, NAME, 4, 0, WSFX, WT, LD, SLD, SCALED)                             \
-MLP_AXPY_NB(T, VT, NAME, 8, 0, WSFX, WT, LD, SLD, SCALED)                             \
-MLP_AXPY_NB(T, VT, NAME, 4, 1, WSFX##_pf, WT, LD, SLD, SCALED)                        \
-MLP_AXPY_NB(T, VT, NAME, 8, 1, WSFX##_pf, WT, LD, SLD, SCALED)                        \
+ * its rows padded to 64 bytes of T (zero rows), so whole groups never read past it.
+ * Paired bf16 (panels only): each 32-element group of a row holds element j (< 16) in the low half and element
+ * 16 + j in the high half of its 32-bit word j (kernels/_policy.pyx lays it out). A float32 is then the word
+ * shifted left by 16 (low) or masked (high): two in-lane ops per 32 weights, where the widening load of the
+ * plain layout (VPMOVZXWD zmm) issues one per 2 cycles on Zen 4 and bound the bf16 kernel there at half the
+ * FMA rate (docs/benchmarks.md, issue #47). The dot form keeps the plain layout (LD). */
+#define MLP_WEIGHTS(T, VT, NAME, WSFX, WT, LD, LDA, SLD, SCALED)                       \
+MLP_AXPY_NB(T, VT, NAME, 4, 0, WSFX, WT, LDA, SLD, SCALED)                             \
+MLP_AXPY_NB(T, VT, NAME, 8, 0, WSFX, WT, LDA, SLD, SCALED)                             \
+MLP_AXPY_NB(T, VT, NAME, 4, 1, WSFX##_pf, WT, LDA, SLD, SCALED)                        \
+MLP_AXPY_NB(T, VT, NAME, 8, 1, WSFX##_pf, WT, LDA, SLD, SCALED)                        \
 MLP_INLINE void NAME##_panels##WSFX(const T *restrict in, int n_in, const WT *restrict W, \
                                     const T *restrict b, const float *restrict s,     \
                                     T *restrict out, int pg, int relu) {              \
@@ -239,14 +250,13 @@ MLP_INLINE void NAME##_panels##WSFX(const T *restrict in, int n_in, const WT *re
     for (int p0 = 0; p0 < pg; p0 += PW) {                                             \
         const WT *Wp = W + (size_t)p0 * n_in;                                         \
         for (int q = 0; q < PW; q += STEP) {                                          \
-            const WT *Wq = Wp + q;                                                    \
             const T *bq = b + p0 + q;                                                 \
             const float *sq = SCALED ? s + p0 + q : s;                                \
             T *oq = out + p0 + q;                                                     \
-            if (NBP == 8 && pf) NAME##_axpy_nb8##WSFX##_pf(in, n_in, Wq, PW, bq, sq, oq, relu); \
-            else if (NBP == 8) NAME##_axpy_nb8##WSFX(in, n_in, Wq, PW, bq, sq, oq, relu); \
-            else if (pf) NAME##_axpy_nb4##WSFX##_pf(in, n_in, Wq, PW, bq, sq, oq, relu); \
-            else NAME##_axpy_nb4##WSFX(in, n_in, Wq, PW, bq, sq, oq, relu);           \
+            if (NBP == 8 && pf) NAME##_axpy_nb8##WSFX##_pf(in, n_in, Wp, q, PW, bq, sq, oq, relu); \
+            else if (NBP == 8) NAME##_axpy_nb8##WSFX(in, n_in, Wp, q, PW, bq, sq, oq, relu); \
+            else if (pf) NAME##_axpy_nb4##WSFX##_pf(in, n_in, Wp, q, PW, bq, sq, oq, relu); \
+            else NAME##_axpy_nb4##WSFX(in, n_in, Wp, q, PW, bq, sq, oq, relu);           \
         }                                                                             \
     }                                                                                 \
 }                                                                                     \
@@ -603,6 +613,10 @@ MLP_INLINE mlp_v4f mlp_ld_f32_sse2_h(const uint16_t *p) {
     return (mlp_v4f)mlp_sse2_h4(_mm_unpacklo_epi16(_mm_loadl_epi64((const __m128i *)p), _mm_setzero_si128())); }
 MLP_INLINE mlp_v4f mlp_ld_f32_sse2_bh(const uint16_t *p) {
     return (mlp_v4f)_mm_castsi128_ps(_mm_unpacklo_epi16(_mm_setzero_si128(), _mm_loadl_epi64((const __m128i *)p))); }
+MLP_INLINE mlp_v4f mlp_ld_f32_sse2_bpl(const uint16_t *g) {
+    return (mlp_v4f)_mm_castsi128_ps(_mm_slli_epi32(_mm_loadu_si128((const __m128i *)g), 16)); }
+MLP_INLINE mlp_v4f mlp_ld_f32_sse2_bph(const uint16_t *g) {
+    return (mlp_v4f)_mm_castsi128_ps(_mm_and_si128(_mm_loadu_si128((const __m128i *)g), _mm_set1_epi32((int)0xffff0000u))); }
 MLP_INLINE mlp_v4f mlp_ld_f32_sse2_q(const int8_t *p) { return (mlp_v4f)_mm_cvtepi32_ps(mlp_sse2_i8x4(mlp_ld4(p))); }
 MLP_INLINE mlp_v4f mlp_ld_f32_sse2_s(const float *p) { return (mlp_v4f)_mm_loadu_ps(p); }
 MLP_INLINE mlp_v2d mlp_ld_f64_sse2_h(const uint16_t *p) {
@@ -610,6 +624,11 @@ MLP_INLINE mlp_v2d mlp_ld_f64_sse2_h(const uint16_t *p) {
 MLP_INLINE mlp_v2d mlp_ld_f64_sse2_bh(const uint16_t *p) {
     return (mlp_v2d)_mm_cvtps_pd(_mm_castsi128_ps(_mm_unpacklo_epi16(_mm_setzero_si128(),
                                                                      _mm_cvtsi32_si128((int)mlp_ld4(p))))); }
+MLP_INLINE mlp_v2d mlp_ld_f64_sse2_bpl(const uint16_t *g) {
+    return (mlp_v2d)_mm_cvtps_pd(_mm_castsi128_ps(_mm_slli_epi32(_mm_loadl_epi64((const __m128i *)g), 16))); }
+MLP_INLINE mlp_v2d mlp_ld_f64_sse2_bph(const uint16_t *g) {
+    return (mlp_v2d)_mm_cvtps_pd(_mm_castsi128_ps(_mm_and_si128(_mm_loadl_epi64((const __m128i *)g),
+                                                               _mm_set1_epi32((int)0xffff0000u)))); }
 MLP_INLINE mlp_v2d mlp_ld_f64_sse2_q(const int8_t *p) { return (mlp_v2d)_mm_cvtepi32_pd(mlp_sse2_i8x4(mlp_ld2(p))); }
 MLP_INLINE mlp_v2d mlp_ld_f64_sse2_s(const float *p) {
     return (mlp_v2d)_mm_cvtps_pd(_mm_castsi128_ps(_mm_loadl_epi64((const __m128i *)p))); }
@@ -648,6 +667,11 @@ typedef int32_t mlp_v8i __attribute__((vector_size(32)));
 MLP_INLINE mlp_v8f mlp_ld_f32_avx2_h(const uint16_t *p) { return (mlp_v8f)_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
 MLP_INLINE mlp_v8f mlp_ld_f32_avx2_bh(const uint16_t *p) {
     return (mlp_v8f)_mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16)); }
+MLP_INLINE mlp_v8f mlp_ld_f32_avx2_bpl(const uint16_t *g) {
+    return (mlp_v8f)_mm256_castsi256_ps(_mm256_slli_epi32(_mm256_loadu_si256((const __m256i *)g), 16)); }
+MLP_INLINE mlp_v8f mlp_ld_f32_avx2_bph(const uint16_t *g) {
+    return (mlp_v8f)_mm256_castsi256_ps(_mm256_and_si256(_mm256_loadu_si256((const __m256i *)g),
+                                                         _mm256_set1_epi32((int)0xffff0000u))); }
 MLP_INLINE mlp_v8f mlp_ld_f32_avx2_q(const int8_t *p) {
     return (mlp_v8f)_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p))); }
 MLP_INLINE mlp_v8f mlp_ld_f32_avx2_s(const float *p) { return (mlp_v8f)_mm256_loadu_ps(p); }
@@ -655,6 +679,11 @@ MLP_INLINE mlp_v4d mlp_ld_f64_avx2_h(const uint16_t *p) {
     return (mlp_v4d)_mm256_cvtps_pd(_mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)p))); }
 MLP_INLINE mlp_v4d mlp_ld_f64_avx2_bh(const uint16_t *p) {
     return (mlp_v4d)_mm256_cvtps_pd(_mm_castsi128_ps(_mm_slli_epi32(_mm_cvtepu16_epi32(_mm_loadl_epi64((const __m128i *)p)), 16))); }
+MLP_INLINE mlp_v4d mlp_ld_f64_avx2_bpl(const uint16_t *g) {
+    return (mlp_v4d)_mm256_cvtps_pd(_mm_castsi128_ps(_mm_slli_epi32(_mm_loadu_si128((const __m128i *)g), 16))); }
+MLP_INLINE mlp_v4d mlp_ld_f64_avx2_bph(const uint16_t *g) {
+    return (mlp_v4d)_mm256_cvtps_pd(_mm_castsi128_ps(_mm_and_si128(_mm_loadu_si128((const __m128i *)g),
+                                                                   _mm_set1_epi32((int)0xffff0000u)))); }
 MLP_INLINE mlp_v4d mlp_ld_f64_avx2_q(const int8_t *p) {
     return (mlp_v4d)_mm256_cvtepi32_pd(_mm_cvtepi8_epi32(_mm_cvtsi32_si128((int)mlp_ld4(p)))); }
 MLP_INLINE mlp_v4d mlp_ld_f64_avx2_s(const float *p) { return (mlp_v4d)_mm256_cvtps_pd(_mm_loadu_ps(p)); }
@@ -705,6 +734,11 @@ MLP_INLINE mlp_v16f mlp_ld_f32_avx512_h(const uint16_t *p) {
     return (mlp_v16f)_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
 MLP_INLINE mlp_v16f mlp_ld_f32_avx512_bh(const uint16_t *p) {
     return (mlp_v16f)_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16)); }
+MLP_INLINE mlp_v16f mlp_ld_f32_avx512_bpl(const uint16_t *g) {
+    return (mlp_v16f)_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_loadu_si512((const void *)g), 16)); }
+MLP_INLINE mlp_v16f mlp_ld_f32_avx512_bph(const uint16_t *g) {
+    return (mlp_v16f)_mm512_castsi512_ps(_mm512_and_si512(_mm512_loadu_si512((const void *)g),
+                                                          _mm512_set1_epi32((int)0xffff0000u))); }
 MLP_INLINE mlp_v16f mlp_ld_f32_avx512_q(const int8_t *p) {
     return (mlp_v16f)_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p))); }
 MLP_INLINE mlp_v16f mlp_ld_f32_avx512_s(const float *p) { return (mlp_v16f)_mm512_loadu_ps(p); }
@@ -712,6 +746,11 @@ MLP_INLINE mlp_v8d mlp_ld_f64_avx512_h(const uint16_t *p) {
     return (mlp_v8d)_mm512_cvtps_pd(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p))); }
 MLP_INLINE mlp_v8d mlp_ld_f64_avx512_bh(const uint16_t *p) {
     return (mlp_v8d)_mm512_cvtps_pd(_mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16))); }
+MLP_INLINE mlp_v8d mlp_ld_f64_avx512_bpl(const uint16_t *g) {
+    return (mlp_v8d)_mm512_cvtps_pd(_mm256_castsi256_ps(_mm256_slli_epi32(_mm256_loadu_si256((const __m256i *)g), 16))); }
+MLP_INLINE mlp_v8d mlp_ld_f64_avx512_bph(const uint16_t *g) {
+    return (mlp_v8d)_mm512_cvtps_pd(_mm256_castsi256_ps(_mm256_and_si256(_mm256_loadu_si256((const __m256i *)g),
+                                                                         _mm256_set1_epi32((int)0xffff0000u)))); }
 MLP_INLINE mlp_v8d mlp_ld_f64_avx512_q(const int8_t *p) {
     return (mlp_v8d)_mm512_cvtepi32_pd(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p))); }
 MLP_INLINE mlp_v8d mlp_ld_f64_avx512_s(const float *p) { return (mlp_v8d)_mm512_cvtps_pd(_mm256_loadu_ps(p)); }

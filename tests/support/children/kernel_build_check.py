@@ -18,3 +18,11 @@ for sizes in ([4, 16, 3], [4, 13, 3], [8, 24, 8], [7, 32, 5], [12, 200, 3], [100
         p = Policy(spec)
         check_consistency(p, spec, n_random=500)
         print(sizes, dtype, p.isa, p.kernel, "ok")
+# narrower weight storages: the build's own loaders (the generic copy's lane-by-lane ones, paired bf16 in panels)
+for sizes in ([12, 200, 3], [48, 96, 64, 12]):
+    for dtype in ("float64", "float32"):
+        for storage in ("f16", "bf16", "int8"):
+            spec = random_spec(sizes, dtype=dtype, seed=len(sizes))
+            p = Policy(spec, weights=storage)
+            check_consistency(p, spec, n_random=200)
+            print(sizes, dtype, storage, p.isa, p.kernel, "ok")
