@@ -13,6 +13,8 @@ cdef extern from "floor_probe.h" nogil:
     float fp_read_ns(int isa, const float *p, size_t n, int passes, int samples, double *out)
     double fp_fma_ns(int isa, int f64, long iters, int samples, double *out)
     unsigned long long fp_add_chain_ns(long iters, int samples, double *out)
+    int FP_W_F16, FP_W_BF16, FP_W_INT8
+    double fp_widen_ns(int isa, int kind, const void *w, long n, long iters, int samples, double *out)
 
 #: the kernels' names for the vector copies (kernels/mlp_core.h's mlp_isa), widest first
 ISAS = {"avx512": FP_ISA_AVX512, "avx2+fma": FP_ISA_AVX2, "sse2": FP_ISA_SSE2}
@@ -76,4 +78,31 @@ def add_chain_ns(long iters, int samples):
     cdef double[::1] o = out
     with nogil:
         fp_add_chain_ns(iters, samples, &o[0])
+    return out
+
+
+#: the narrow weight storages whose widening the probe times (kernels/weights.py's names)
+WIDEN = {"f16": FP_W_F16, "bf16": FP_W_BF16, "int8": FP_W_INT8}
+WIDEN_VALUES = 12 * 16 * 8      # stored values in the buffer: whole groups of FP_CHAINS vectors at any width
+
+
+def widen_ns(str isa, str storage, long iters, int samples):
+    """ns per widened float32 vector multiply-add (``storage`` weights read from a small buffer, widened as
+    the kernels widen them, multiply-added into ``CHAINS`` accumulators), ``iters`` passes over the buffer per
+    sample, after a warm-up sample; all -1 where the copy has no widening loop (SSE2)."""
+    cdef int code = _code(isa)
+    if storage not in WIDEN:
+        raise ValueError(f"storage: {storage!r} is not one of {', '.join(WIDEN)}")
+    if iters < 1 or samples < 1:
+        raise ValueError("iters and samples: at least 1")
+    # values that keep the sums finite and normal: f16 / bf16 1.0 (their bits), int8 1
+    buf = np.full(WIDEN_VALUES, 1, dtype=np.int8) if storage == "int8" else np.full(
+        WIDEN_VALUES, 0x3c00 if storage == "f16" else 0x3f80, dtype=np.uint16)
+    cdef const unsigned char[::1] b = buf.view(np.uint8)
+    out = np.empty(samples)
+    cdef double[::1] o = out
+    cdef int kind = WIDEN[storage]
+    cdef long n = WIDEN_VALUES
+    with nogil:
+        fp_widen_ns(code, kind, &b[0], n, iters, samples, &o[0])
     return out

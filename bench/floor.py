@@ -36,9 +36,11 @@ DRAM_MIN_BYTES = 64 << 20
 # policy this node runs at 1 kHz has weights beyond it, and touching twice that cost 2-14 s of system time on
 # a 2-vCPU VM, per process that measures.
 DRAM_MAX_BYTES = 256 << 20
-SAMPLES_PER_ROUND = {"L1": 20, "L2": 20, "L3": 20, "DRAM": 4, "fma": 20, "clock": 20}
+SAMPLES_PER_ROUND = {"L1": 20, "L2": 20, "L3": 20, "DRAM": 4, "fma": 20, "clock": 20, "widen": 10}
 METHOD = ("timed in C on this core: a streaming read of a buffer sized to each cache level (widest vectors, "
-          "8 accumulators), independent multiply-add chains, and a dependent-add chain for the clock; "
+          "8 accumulators), independent multiply-add chains, the same on f16 / bf16 / int8 weights widened as the "
+          "kernels widen them (each vector copy that has the loop; the fastest counts), and a dependent-add chain "
+          "for the clock; "
           f"p{PERCENTILE} of {ROUNDS} rounds of ~{SAMPLE_NS // 1000} us samples, spread p90 / p{PERCENTILE}")
 
 
@@ -182,11 +184,22 @@ def measure(isa: str | None = None) -> dict:
     passes = {lv: max(1, int(SAMPLE_NS / float(np.min(probe.read_ns(big[:b // 4], isa, 1, 2)))))
               for lv, b in buffers.items()}
 
+    # narrow weights: the widening multiply-add loop of every copy that has one (the kernels run the fastest
+    # copy, chosen by measurement: on Zen 4 the AVX2 copy's VCVTPH2PS ymm outruns the AVX-512 one's zmm)
+    widen_iters = {}
+    for c in probe.supported():
+        for st in probe.WIDEN:
+            t = float(np.min(probe.widen_ns(c, st, 10, 3)))
+            if t > 0:
+                widen_iters[(c, st)] = max(1, int(SAMPLE_NS / (t * probe.WIDEN_VALUES * 4 / probe.vector_bytes(c))))
     clock, fma, read = [], {dt: [] for dt in fma_iters}, {lv: [] for lv in buffers}
+    widen = {k: [] for k in widen_iters}
     for _ in range(ROUNDS):
         clock.append(probe.add_chain_ns(add_iters, SAMPLES_PER_ROUND["clock"]))
         for dt, it in fma_iters.items():
             fma[dt].append(probe.fma_ns(isa, dt, it, SAMPLES_PER_ROUND["fma"]))
+        for (c, st), it in widen_iters.items():
+            widen[(c, st)].append(probe.widen_ns(c, st, it, SAMPLES_PER_ROUND["widen"]))
         for lv, b in buffers.items():
             read[lv].append(probe.read_ns(big[:b // 4], isa, passes[lv], SAMPLES_PER_ROUND[lv]))
     del big
@@ -205,6 +218,14 @@ def measure(isa: str | None = None) -> dict:
         rate = probe.CHAINS * lanes / t
         compute[dt] = {"fmas_per_ns": rate, "fmas_per_cycle": rate / ghz, "lanes": lanes, "spread": spread,
                        "samples": ROUNDS * SAMPLES_PER_ROUND["fma"]}
+    for (c, st), ts in widen.items():
+        t, spread = _figure(np.concatenate(ts))
+        lanes = probe.vector_bytes(c) // 4
+        rate = lanes / t
+        if st not in compute or rate > compute[st]["fmas_per_ns"]:
+            compute[st] = {"fmas_per_ns": rate, "fmas_per_cycle": rate / ghz, "lanes": lanes, "spread": spread,
+                           "samples": ROUNDS * SAMPLES_PER_ROUND["widen"], "copy": c,
+                           "widened": f"float32 multiply-adds on {st} weights widened in registers"}
     nominal = clock_hz()
     return {"isa": isa, "vector_bytes": vbytes, "chains": probe.CHAINS,
             "clock": {"ghz": ghz, "spread": clock_spread, "nominal_ghz": nominal / 1e9 if nominal == nominal else None,
@@ -217,16 +238,22 @@ def _kib(b: float) -> str:
     return f"{b / 1024 ** 2:.1f} MiB" if b >= 1024 ** 2 else f"{b / 1024:.0f} KiB"
 
 
-def floor_measured(fmas: int, weight_bytes: int, dtype: str, m: dict | None = None) -> dict:
+def floor_measured(fmas: int, weight_bytes: int, dtype: str, m: dict | None = None, storage: str | None = None) -> dict:
     """The measured floor of a pass of ``fmas`` multiply-adds in ``dtype`` (float32 / float64: the compute
     dtype) over ``weight_bytes`` of weights: {compute, memory (ns), cache_level, how}. ``m``: a ``measure()``
-    result (default: this process's measurement)."""
+    result (default: this process's measurement). ``storage`` (f16 / bf16 / int8, float32 compute): the compute
+    floor is the widening loop's rate, where the probe measured one (a core whose conversions issue slower
+    than its FMAs cannot multiply-add those weights at the float32 rate)."""
     m = m or measure()
     caches = m["caches"]
     level = level_of(weight_bytes, caches)
     used = level if level in m["memory"] else next(
         (lv for lv in reversed(LEVELS[:LEVELS.index(level)]) if lv in m["memory"]), None)
     c = m["compute"][dtype]
+    what = f"{dtype} FMAs/ns"
+    if storage and dtype == "float32" and storage in m["compute"]:
+        c = m["compute"][storage]
+        what = f"float32 FMAs/ns on {storage} weights widened ({c['copy']} copy)"
     compute = fmas / c["fmas_per_ns"]
     if used is None:
         memory, mem_how = None, f"{_kib(weight_bytes)} of weights: no level measured ({m['skipped']})"
@@ -239,7 +266,7 @@ def floor_measured(fmas: int, weight_bytes: int, dtype: str, m: dict | None = No
         if used != level:
             mem_how += f" (the {used} rate: {level} not measured, {m['skipped'][level]})"
     how = (f"{m['isa']} at {m['clock']['ghz']:.2f} GHz (dependent adds): {fmas} FMAs at "
-           f"{c['fmas_per_ns']:.1f} {dtype} FMAs/ns ({c['fmas_per_cycle']:.1f}/cycle, spread {c['spread']:.2f}); "
+           f"{c['fmas_per_ns']:.1f} {what} ({c['fmas_per_cycle']:.1f}/cycle, spread {c['spread']:.2f}); "
            f"{mem_how}; each figure the p{m['percentile']} of {c['samples']} timed samples in C (bench/floor.py)")
     return {"compute": compute, "memory": memory, "cache_level": level, "how": how}
 
@@ -251,7 +278,8 @@ def summary_lines(m: dict) -> list[str]:
     levels = "; ".join(f"{lv} ({_kib(r['buffer_bytes'])}) {r['bytes_per_ns']:.1f} B/ns = {r['bytes_per_cycle']:.1f} "
                        f"B/cycle, spread {r['spread']:.2f}" for lv, r in m["memory"].items())
     fmas = "; ".join(f"{dt} {c['fmas_per_ns']:.1f} FMAs/ns = {c['fmas_per_cycle']:.1f}/cycle ({c['lanes']} lanes x "
-                     f"{m['chains']} chains), spread {c['spread']:.2f}" for dt, c in m["compute"].items())
+                     f"{m['chains']} chains{', ' + c['copy'] + ' copy, widened' if c.get('copy') else ''}), spread "
+                     f"{c['spread']:.2f}" for dt, c in m["compute"].items())
     lines = [f"floor measured here ({m['isa']}, {m['seconds']:.1f} s): clock {clk['ghz']:.2f} GHz "
              f"(dependent adds{nominal}), spread {clk['spread']:.2f}",
              f"  read: {levels}", f"  multiply-add: {fmas}", f"  method: {m['method']}"]

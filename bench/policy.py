@@ -144,11 +144,16 @@ def weight_bytes_of(sizes, dtype, compute_dtype=None):
     return storage_bytes(sum(a * b for a, b in zip(sizes[:-1], sizes[1:])), sum(sizes[1:]), dtype, compute_dtype)
 
 
+#: weight_bytes_of's storage names -> the kernels' (kernels/weights.py), for the floor probe's widening rates
+WIDENED = {"float16": "f16", "bfloat16": "bf16", "int8": "int8"}
+
+
 def floor_of(sizes, dtype, storage=None):
     """(compute floor ns, memory floor ns, cache level, explanation) for one forward pass computing in ``dtype``
     with weights stored as ``storage`` (default: ``dtype``); see ``floor_from``."""
     return floor_from(sum(a * b for a, b in zip(sizes[:-1], sizes[1:])),
-                      weight_bytes_of(sizes, storage or dtype, compute_dtype_of(dtype)), dtype)
+                      weight_bytes_of(sizes, storage or dtype, compute_dtype_of(dtype)), dtype,
+                      storage=WIDENED.get(storage))
 
 
 class Floor(tuple):
@@ -193,7 +198,7 @@ def floor_probe():
         return str(e)
 
 
-def floor_from(fmas, weight_bytes, dtype, family=DETECT):
+def floor_from(fmas, weight_bytes, dtype, family=DETECT, storage=None):
     """(compute floor ns, memory floor ns, cache level, explanation) of a pass of ``fmas`` multiply-adds over
     ``weight_bytes`` of weights (whatever their storage: the caller counts the bytes), computing in ``dtype``
     (16-bit and int8 storage names compute in float32).
@@ -202,12 +207,13 @@ def floor_from(fmas, weight_bytes, dtype, family=DETECT):
     in FLOORS, from its published figures at the measured clock (a cross-check). The tuple is the measured
     one, on every CPU; the published one only when the probe could not run (then at the nominal clock, and
     the explanation says so). ``.detail`` (a ``Floor``) holds both. ``family``: the family whose figures to
-    look up (default: this CPU's, ``cpu_family()``; None: an unknown CPU)."""
+    look up (default: this CPU's, ``cpu_family()``; None: an unknown CPU). ``storage`` (f16 / bf16 / int8): the
+    measured compute floor is the probe's widening rate for it (``floor_measured``)."""
     fam = cpu_family() if family == DETECT else family
     cdt = compute_dtype_of(dtype)
     ghz = None
     try:
-        measured = floor_measured(fmas, weight_bytes, cdt)
+        measured = floor_measured(fmas, weight_bytes, cdt, storage=storage)
         ghz = measure()["clock"]["ghz"]
     except FloorProbeError as e:
         measured = None

@@ -34,7 +34,7 @@ import numpy as np
 
 from control_node.bench.common import (LOCK_FILE, machine_info, weights_read_row, write_json)
 from control_node.bench.policy import (allocations_per_call, c_level, compute_dtype_of, floor_from, floor_probe,
-                                      per_call, report, shape_figures, storage_bytes, storage_floors,
+                                      per_call, report, shape_figures, storage_bytes, storage_floors, WIDENED,
                                       weight_storage_rows)
 
 SHAPES = {
@@ -252,7 +252,7 @@ def floor_of(spec, storage=None):
     """(compute floor ns, memory floor ns, cache level, explanation) for one step: the gate products
     G*H*(n + H) FMAs and the dense layers' (bench policy's ``floor_from``: measured here, and published where
     the CPU family is known), the weights stored as ``storage`` (default: the spec's dtype)."""
-    return floor_from(_fmas(spec), weight_bytes_of(spec, storage), spec.dtype)
+    return floor_from(_fmas(spec), weight_bytes_of(spec, storage), spec.dtype, storage=WIDENED.get(storage))
 
 
 def check_rows(name, spec, rows, resets, n_steps=50):

@@ -53,6 +53,15 @@ def test_probe_measures_every_level_and_both_dtypes(measured):
         assert c["fmas_per_cycle"] == pytest.approx(c["fmas_per_ns"] / ghz)
     assert m["percentile"] == floor.PERCENTILE and m["seconds"] > 0 and "p10" in m["method"]
     assert floor.measure() is m                 # measured once per process
+    # narrow weights: the widening loop ran on every x86 copy that has one (AVX2, AVX-512), the fastest kept
+    widening = [c for c in probe.supported() if c != "sse2"]
+    for st in probe.WIDEN:
+        if not widening:
+            assert st not in m["compute"]
+            continue
+        c = m["compute"][st]
+        assert c["copy"] in widening and c["lanes"] == probe.vector_bytes(c["copy"]) // 4
+        assert finite_positive(c["fmas_per_ns"]) and c["fmas_per_cycle"] == pytest.approx(c["fmas_per_ns"] / ghz)
 
 
 def test_buffers_sit_in_their_level():
@@ -130,12 +139,18 @@ def test_weight_bytes_of_every_storage():
             itemsize_of(bad)
 
 
-def test_floor_of_a_reduced_storage_reads_fewer_bytes_at_the_same_compute(measured):
+def test_floor_of_a_reduced_storage_reads_fewer_bytes_at_its_widening_rate(measured):
     sizes = [3, 64, 64, 1]              # small: every storage sits in the same level (L1)
+    fmas = 3 * 64 + 64 * 64 + 64
     f32 = floor_of(sizes, "float32")
-    for storage in ("float16", "bfloat16", "int8"):
+    for storage, name in (("float16", "f16"), ("bfloat16", "bf16"), ("int8", "int8")):
         fl = floor_of(sizes, "float32", storage=storage)
-        assert fl[0] == pytest.approx(f32[0])             # computed in float32 either way
+        # float32 multiply-adds at the rate this core widens and multiply-adds such weights (the probe's
+        # widening loop, the fastest copy that has one), or at the float32 rate where none ran
+        rate = measured["compute"].get(name, measured["compute"]["float32"])["fmas_per_ns"]
+        assert fl[0] == pytest.approx(fmas / rate)
+        if name in measured["compute"]:
+            assert f"on {name} weights widened" in fl[3]
         level = fl[2]
         assert fl[1] == pytest.approx(weight_bytes_of(sizes, storage) / measured["memory"][level]["bytes_per_ns"])
         assert fl[1] < f32[1]
@@ -158,6 +173,18 @@ def test_recurrent_floor_counts_gates_and_storage():
     assert rweight_bytes_of(spec, "int8") == W + ch * 8
     fl = rfloor_of(spec, "float16")
     assert finite_positive(fl[0]) and finite_positive(fl[1]) and fl.detail["measured"] is not None
+
+
+def test_widening_loop_times_each_storage_where_the_copy_has_it():
+    for isa in probe.supported():
+        for st in probe.WIDEN:
+            t = probe.widen_ns(isa, st, 2, 3)
+            if isa == "sse2":
+                assert (t == -1).all()          # no widening loop in the SSE2 copy: said, not guessed
+            else:
+                assert np.isfinite(t).all() and (t > 0).all(), (isa, st, t)
+    with pytest.raises(ValueError, match="storage"):
+        probe.widen_ns(probe.supported()[0], "f8", 1, 1)
 
 
 def test_narrower_copy_measures_with_its_own_vectors():

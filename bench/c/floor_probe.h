@@ -99,6 +99,56 @@ FP_FMA_LOOP(double, fp_v4d, _f64_avx2, FP_AVX2, FP_AVX2_PD)
 FP_FMA_LOOP(float, fp_v16f, _f32_avx512, FP_AVX512, FP_AVX512_PS)
 FP_FMA_LOOP(double, fp_v8d, _f64_avx512, FP_AVX512, FP_AVX512_PD)
 
+/* the widening multiply-add loop: FP_CHAINS float32 accumulators a[j] += x * widen(w), the stored weights
+ * read in order from a small (L1-resident) buffer and widened as the kernels widen them (kernels/mlp_core.h:
+ * f16 VCVTPH2PS, bf16 paired: a 32-bit word's low half shifted up / high half masked, int8 VPMOVSXBD +
+ * VCVTDQ2PS). Its rate is the compute floor of narrow weights: on a core where the widening issues slower
+ * than the FMAs (Zen 4: VCVTPH2PS zmm one per 2 cycles) it is below the float32 FMA rate. n: stored values
+ * in the buffer, a multiple of FP_CHAINS vectors (of 32 for bf16). */
+#define FP_WIDEN_LOOP(VT, SFX, ATTR, WT, LDW)                                          \
+ATTR static float fp_widen##SFX(const WT *w, long n, long iters) {                    \
+    enum { L = (int)(sizeof(VT) / sizeof(float)) };                                   \
+    VT a[FP_CHAINS], x;                                                               \
+    for (int k = 0; k < L; k++) x[k] = 1e-3f;                                         \
+    for (int j = 0; j < FP_CHAINS; j++) for (int k = 0; k < L; k++) a[j][k] = 0;      \
+    for (long i = 0; i < iters; i++)                                                  \
+        for (long v = 0; v < n; v += FP_CHAINS * L)                                   \
+            for (int j = 0; j < FP_CHAINS; j++) a[j] += x * LDW(w + v, j * L);        \
+    float s = 0;                                                                      \
+    for (int j = 0; j < FP_CHAINS; j++) for (int k = 0; k < L; k++) s += a[j][k];     \
+    return s;                                                                         \
+}
+/* the loaders, with the element offset of the vector in the buffer (bf16 paired: groups of 32) */
+#define FP_AVX512I __attribute__((target("avx512f,avx512dq,avx512bw,avx512vl,avx2,fma"), always_inline))
+#define FP_AVX2I __attribute__((target("avx2,fma,f16c"), always_inline))
+#define FP_BPG(w, off) ((w) + ((off) & ~31L) + 2 * ((off) & 15))
+FP_AVX512I static inline fp_v16f fp_ld16_h(const uint16_t *w, long off) {
+    return (fp_v16f)_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(w + off))); }
+FP_AVX512I static inline fp_v16f fp_ld16_bp(const uint16_t *w, long off) {
+    __m512i v = _mm512_loadu_si512((const void *)FP_BPG(w, off));
+    __asm__("" : "+v"(v));      /* one load for both halves: not folded into the shift and the mask */
+    return (fp_v16f)_mm512_castsi512_ps((off & 16) ? _mm512_and_si512(v, _mm512_set1_epi32((int)0xffff0000u))
+                                                   : _mm512_slli_epi32(v, 16)); }
+FP_AVX512I static inline fp_v16f fp_ld16_q(const int8_t *w, long off) {
+    return (fp_v16f)_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(w + off)))); }
+#define FP_AVX2C __attribute__((target("avx2,fma,f16c"), noinline))
+FP_AVX2I static inline fp_v8f fp_ld8_h(const uint16_t *w, long off) {
+    return (fp_v8f)_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w + off))); }
+FP_AVX2I static inline fp_v8f fp_ld8_bp(const uint16_t *w, long off) {
+    __m256i v = _mm256_loadu_si256((const __m256i *)FP_BPG(w, off));
+    __asm__("" : "+x"(v));
+    return (fp_v8f)_mm256_castsi256_ps((off & 16) ? _mm256_and_si256(v, _mm256_set1_epi32((int)0xffff0000u))
+                                                  : _mm256_slli_epi32(v, 16)); }
+FP_AVX2I static inline fp_v8f fp_ld8_q(const int8_t *w, long off) {
+    return (fp_v8f)_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(w + off)))); }
+FP_WIDEN_LOOP(fp_v16f, _h_avx512, FP_AVX512, uint16_t, fp_ld16_h)
+FP_WIDEN_LOOP(fp_v16f, _bp_avx512, FP_AVX512, uint16_t, fp_ld16_bp)
+FP_WIDEN_LOOP(fp_v16f, _q_avx512, FP_AVX512, int8_t, fp_ld16_q)
+FP_WIDEN_LOOP(fp_v8f, _h_avx2, FP_AVX2C, uint16_t, fp_ld8_h)
+FP_WIDEN_LOOP(fp_v8f, _bp_avx2, FP_AVX2C, uint16_t, fp_ld8_bp)
+FP_WIDEN_LOOP(fp_v8f, _q_avx2, FP_AVX2C, int8_t, fp_ld8_q)
+#define FP_HAS_WIDEN 1
+
 /* 1 where this CPU runs the copy (the kernels' test for AVX-512: F, DQ, BW and VL) */
 static int fp_isa_supported(int isa) {
     __builtin_cpu_init();
@@ -177,6 +227,33 @@ static double fp_fma_ns(int isa, int f64, long iters, int samples, double *out) 
         if (i >= 0) out[i] = (double)(fp_now_ns() - t0) / iters;
     }
     return s + fp_sink;
+}
+
+enum { FP_W_F16 = 1, FP_W_BF16 = 2, FP_W_INT8 = 3 };
+/* ns per widened vector multiply-add (kind FP_W_*) over the n stored values at w, `iters` passes per sample
+ * after a warm-up sample; -1 in out[] where this copy has no widening loop (SSE2 and portable: not measured) */
+static double fp_widen_ns(int isa, int kind, const void *w, long n, long iters, int samples, double *out) {
+#if defined(FP_HAS_WIDEN)
+    float (*f16)(const uint16_t *, long, long) = isa == FP_ISA_AVX512 ? fp_widen_h_avx512
+        : isa == FP_ISA_AVX2 ? fp_widen_h_avx2 : NULL;
+    float (*fbp)(const uint16_t *, long, long) = isa == FP_ISA_AVX512 ? fp_widen_bp_avx512
+        : isa == FP_ISA_AVX2 ? fp_widen_bp_avx2 : NULL;
+    float (*fq)(const int8_t *, long, long) = isa == FP_ISA_AVX512 ? fp_widen_q_avx512
+        : isa == FP_ISA_AVX2 ? fp_widen_q_avx2 : NULL;
+    const int lanes = fp_vector_bytes(isa) / 4;
+    if (f16 != NULL) {
+        for (int i = -1; i < samples; i++) {
+            int64_t t0 = fp_now_ns();
+            fp_sink = kind == FP_W_F16 ? f16((const uint16_t *)w, n, iters)
+                    : kind == FP_W_BF16 ? fbp((const uint16_t *)w, n, iters) : fq((const int8_t *)w, n, iters);
+            if (i >= 0) out[i] = (double)(fp_now_ns() - t0) / ((double)iters * (double)(n / lanes));
+        }
+        return fp_sink;
+    }
+#endif
+    (void)kind; (void)w; (void)n; (void)iters;
+    for (int i = 0; i < samples; i++) out[i] = -1;
+    return 0;
 }
 
 /* ns per dependent add */

@@ -55,7 +55,7 @@ def ensure_model(path, task="iris"):
     say(f"trained {' -> '.join(map(str, spec.layer_sizes))}, test accuracy {spec.test_accuracy:.4f}; wrote {path}")
 
 
-PACKAGED = ("demo", "pendulum", "pendulum_gru", "pendulum_ros2", "quadruped")
+PACKAGED = ("demo", "pendulum", "pendulum_gru", "pendulum_ros2", "quadruped", "quadruped_ros2")
 
 
 def resolve_config(config):
