@@ -29,6 +29,16 @@ def test_the_shipped_policy_walks_10_s_at_0_4_m_s_without_falling():
         Q.evaluate(Q.SHIPPED, seconds=1.0, command_schedule="0:0.4")
 
 
+@pytest.mark.parametrize("yaw", [0.5, -0.5])
+def test_the_shipped_policy_turns_on_command_both_ways(yaw):
+    # walking at 0.3 m/s while asked to turn: the body's mean yaw rate follows the command's sign and size
+    s = Q.evaluate(Q.SHIPPED, seconds=6.0, command_schedule=f"0:0.3@{yaw}")
+    assert s["falls"] == 0, s
+    assert s["mean_command"]["yaw_rate"] == pytest.approx(yaw)
+    assert 0.6 * abs(yaw) <= s["mean_velocity"]["yaw_rate"] * np.sign(yaw) <= 1.4 * abs(yaw), s["mean_velocity"]
+    assert s["mean_velocity"]["vx"] > 0.15, s["mean_velocity"]       # still walking forward while it turns
+
+
 def test_the_onnx_metadata_holds_the_deploy_contract():
     model = onnx.load(Q.SHIPPED)
     meta = {p.key: p.value for p in model.metadata_props}
