@@ -504,10 +504,13 @@ def weight_storage_rows(spec, x, storages=STORAGES, n_error_rows=200):
     from control_node.kernels.weights import measure_error
     rows, errors = [], {}
     X, seqs = proof_set(spec, n_random=n_error_rows, seed=3)
+    from control_node.kernels.dispatch import policy_for
     for w in storages:
-        p = Policy(spec, weights=w)
+        # the copy a node runs ([policy] isa = "fastest": timed here, now): on Zen 4 f16 runs fastest on the
+        # AVX2 copy, whose VCVTPH2PS ymm issues twice as often as the AVX-512 one's zmm
+        p, choice = policy_for(spec, "fastest", storage=w, cache=False)
         out = np.zeros(p.n_actions)
-        name = f"kernel Policy.act_into(x, out), {w} weights"
+        name = f"kernel Policy.act_into(x, out), {w} weights, {p.isa.split()[0]} copy"
         if p.hidden_size:     # recurrent rows are called as fn(x) -> actions (bench recurrent's per_call)
             def step(xv, p=p, out=out):
                 p.act_into(xv, out)
@@ -520,6 +523,7 @@ def weight_storage_rows(spec, x, storages=STORAGES, n_error_rows=200):
         errors[w]["within_default_bound"] = e["max_rel"] <= DEFAULT_TOLERANCE[w]
         errors[w]["resident_bytes"] = int(p.nbytes)
         errors[w]["row"] = name
+        errors[w]["copy"] = {"isa": p.isa, "times_ns": choice["times_ns"]}
     return rows, errors
 
 
