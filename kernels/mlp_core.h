@@ -149,21 +149,22 @@ MLP_INLINE VT LDP##_bph(const uint16_t *g) {                                    
  * SCALED (int8): the sums run over the raw integers and each output is multiplied by its channel's float32
  * scale (SLD) before the bias is added. For the native storage LD is a plain load and SCALED 0, so the
  * float32 / float64 kernels compile to what they were. */
-#define MLP_AXPY_NB(T, VT, NAME, NB, PF, SUFFIX, WT, LDA, SLD, SCALED)                \
+#define MLP_AXPY_NB(T, VT, NAME, NB, QP, PF, SUFFIX, WT, LDA, SLD, SCALED)            \
 MLP_INLINE void NAME##_axpy_nb##NB##SUFFIX(const T *restrict in, int n_in,            \
                                    const WT *restrict W, int wo, int stride,          \
-                                   const T *restrict b, const float *restrict s,      \
-                                   T *restrict out, int relu) {                       \
-    enum { LN = (int)(sizeof(VT) / sizeof(T)), LINES = (NB * LN * (int)sizeof(WT) + 63) / 64 }; \
+                                   size_t pstep, const T *restrict b,                 \
+                                   const float *restrict s, T *restrict out, int relu) { \
+    enum { LN = (int)(sizeof(VT) / sizeof(T)), LINES = (QP * LN * (int)sizeof(WT) + 63) / 64 }; \
     VT acc[NB];                                                                       \
     for (int q = 0; q < NB; q++) acc[q] = SCALED ? (VT){0} : ((const VT *)b)[q];      \
     for (int i = 0; i < n_in; i++) {                                                  \
         const T x0 = in[i];                                                           \
         const WT *w0 = W + (size_t)i * stride;                                        \
         if (PF)                                                                       \
-            for (int k = 0; k < LINES; k++)                                           \
-                __builtin_prefetch((const char *)(w0 + wo) + MLP_PREFETCH_BYTES + 64 * k, 0, 3); \
-        for (int q = 0; q < NB; q++) acc[q] += x0 * LDA(w0, wo + q * LN);             \
+            for (int p = 0; p < NB / QP; p++)                                         \
+                for (int k = 0; k < LINES; k++)                                       \
+                    __builtin_prefetch((const char *)(w0 + p * pstep + wo) + MLP_PREFETCH_BYTES + 64 * k, 0, 3); \
+        for (int q = 0; q < NB; q++) acc[q] += x0 * LDA(w0 + (q / QP) * pstep, wo + (q % QP) * LN); \
     }                                                                                 \
     for (int q = 0; q < NB; q++) {                                                    \
         VT v = acc[q];                                                                \
@@ -237,26 +238,38 @@ MLP_INLINE VT NAME##_tsum(const VT *c) {                                        
  * plain layout (VPMOVZXWD zmm) issues one per 2 cycles on Zen 4 and bound the bf16 kernel there at half the
  * FMA rate (docs/benchmarks.md, issue #47). The dot form keeps the plain layout (LD). */
 #define MLP_WEIGHTS(T, VT, NAME, WSFX, WT, LD, LDA, SLD, SCALED)                       \
-MLP_AXPY_NB(T, VT, NAME, 4, 0, WSFX, WT, LDA, SLD, SCALED)                             \
-MLP_AXPY_NB(T, VT, NAME, 8, 0, WSFX, WT, LDA, SLD, SCALED)                             \
-MLP_AXPY_NB(T, VT, NAME, 4, 1, WSFX##_pf, WT, LDA, SLD, SCALED)                        \
-MLP_AXPY_NB(T, VT, NAME, 8, 1, WSFX##_pf, WT, LDA, SLD, SCALED)                        \
+MLP_AXPY_NB(T, VT, NAME, 4, 4, 0, WSFX, WT, LDA, SLD, SCALED)                          \
+MLP_AXPY_NB(T, VT, NAME, 8, 8, 0, WSFX, WT, LDA, SLD, SCALED)                          \
+MLP_AXPY_NB(T, VT, NAME, 4, 4, 1, WSFX##_pf, WT, LDA, SLD, SCALED)                     \
+MLP_AXPY_NB(T, VT, NAME, 8, 8, 1, WSFX##_pf, WT, LDA, SLD, SCALED)                     \
+MLP_AXPY_NB(T, VT, NAME, 8, 4, 0, WSFX##_2p, WT, LDA, SLD, SCALED)                     \
+MLP_AXPY_NB(T, VT, NAME, 8, 4, 1, WSFX##_2p_pf, WT, LDA, SLD, SCALED)                  \
 MLP_INLINE void NAME##_panels##WSFX(const T *restrict in, int n_in, const WT *restrict W, \
                                     const T *restrict b, const float *restrict s,     \
                                     T *restrict out, int pg, int relu) {              \
     enum { LNS = (int)(sizeof(VT) / sizeof(T)), PW = MLP_PANEL_BYTES / (int)sizeof(T), \
            NBP = PW / LNS >= 8 ? 8 : 4, STEP = NBP * LNS };                            \
     const int pf = (size_t)n_in * (size_t)pg * sizeof(WT) > MLP_PREFETCH_MIN_BYTES;   \
+    const size_t pstep = (size_t)PW * n_in;      /* elements from a panel to the next */ \
     for (int p0 = 0; p0 < pg; p0 += PW) {                                             \
         const WT *Wp = W + (size_t)p0 * n_in;                                         \
+        const float *sp = SCALED ? s + p0 : s;                                        \
+        /* 64-byte vectors give a panel 4 of them: with narrow weights (half the bytes a row) 4 chains of  \
+         * 4-cycle FMAs leave no slack for a late load, so two panels go together (8 chains, two streams) */ \
+        if (NBP == 4 && sizeof(WT) < sizeof(T) && p0 + PW < pg) {                     \
+            if (pf) NAME##_axpy_nb8##WSFX##_2p_pf(in, n_in, Wp, 0, PW, pstep, b + p0, sp, out + p0, relu); \
+            else NAME##_axpy_nb8##WSFX##_2p(in, n_in, Wp, 0, PW, pstep, b + p0, sp, out + p0, relu); \
+            p0 += PW;                                                                 \
+            continue;                                                                 \
+        }                                                                             \
         for (int q = 0; q < PW; q += STEP) {                                          \
             const T *bq = b + p0 + q;                                                 \
             const float *sq = SCALED ? s + p0 + q : s;                                \
             T *oq = out + p0 + q;                                                     \
-            if (NBP == 8 && pf) NAME##_axpy_nb8##WSFX##_pf(in, n_in, Wp, q, PW, bq, sq, oq, relu); \
-            else if (NBP == 8) NAME##_axpy_nb8##WSFX(in, n_in, Wp, q, PW, bq, sq, oq, relu); \
-            else if (pf) NAME##_axpy_nb4##WSFX##_pf(in, n_in, Wp, q, PW, bq, sq, oq, relu); \
-            else NAME##_axpy_nb4##WSFX(in, n_in, Wp, q, PW, bq, sq, oq, relu);           \
+            if (NBP == 8 && pf) NAME##_axpy_nb8##WSFX##_pf(in, n_in, Wp, q, PW, 0, bq, sq, oq, relu); \
+            else if (NBP == 8) NAME##_axpy_nb8##WSFX(in, n_in, Wp, q, PW, 0, bq, sq, oq, relu); \
+            else if (pf) NAME##_axpy_nb4##WSFX##_pf(in, n_in, Wp, q, PW, 0, bq, sq, oq, relu); \
+            else NAME##_axpy_nb4##WSFX(in, n_in, Wp, q, PW, 0, bq, sq, oq, relu);        \
         }                                                                             \
     }                                                                                 \
 }                                                                                     \

@@ -97,6 +97,15 @@ def test_every_activation_continuous(act, storage, isa, record_property):
 
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("storage", STORAGES)
+def test_wide_layers_run_several_panels_at_once(storage, isa, record_property):
+    # 300 and 130 outputs: several 256-byte panels per layer, an odd one left over, so the kernels that take two
+    # panels per pass (narrow weights on 64-byte vectors) and the single-panel one both run
+    spec = dense_spec("elu", "continuous", sizes=(20, 300, 130, 6))
+    check_storage_case(spec, storage, isa, record_property, "elu wide")
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("storage", STORAGES)
 def test_argmax_head_dot_and_axpy_layers(storage, isa, record_property):
     # 11 -> 64 -> 40 -> 5: the wide layers axpy, the 5-class head dot form
     spec = dense_spec("relu", "argmax")
