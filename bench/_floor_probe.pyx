@@ -83,7 +83,7 @@ def add_chain_ns(long iters, int samples):
 
 #: the narrow weight storages whose widening the probe times (kernels/weights.py's names)
 WIDEN = {"f16": FP_W_F16, "bf16": FP_W_BF16, "int8": FP_W_INT8}
-WIDEN_VALUES = 12 * 16 * 8      # stored values in the buffer: whole groups of FP_CHAINS vectors at any width
+WIDEN_VALUES = FP_CHAINS * 16 * 8   # stored values: whole groups of FP_CHAINS vectors of any width (<= 16)
 
 
 def widen_ns(str isa, str storage, long iters, int samples):

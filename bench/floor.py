@@ -157,7 +157,9 @@ def _aligned_floats(nbytes: int) -> np.ndarray:
 
 @functools.lru_cache(maxsize=None)
 def measure(isa: str | None = None) -> dict:
-    """The measured floor of this core with ``isa``'s vectors (default: the kernels' choice, ``default_isa``).
+    """The measured floor of this core with ``isa``'s vectors (default: the kernels' choice, ``default_isa``);
+    the narrow storages' widening rates (``compute`` f16 / bf16 / int8) from whichever copy is fastest, since the
+    kernels run that one (``copy`` says which), whatever ``isa``.
 
     Returns a dict (units in the keys): ``isa``, ``vector_bytes``, ``chains``; ``clock`` {ghz, spread,
     nominal_ghz}; ``memory`` {level: {buffer_bytes, bytes_per_ns, bytes_per_cycle, spread, samples}};

@@ -144,8 +144,11 @@ def weight_bytes_of(sizes, dtype, compute_dtype=None):
     return storage_bytes(sum(a * b for a, b in zip(sizes[:-1], sizes[1:])), sum(sizes[1:]), dtype, compute_dtype)
 
 
+
+
+STORAGE_DTYPE = {"f16": "float16", "bf16": "bfloat16", "int8": "int8"}    # weight_bytes_of's names
 #: weight_bytes_of's storage names -> the kernels' (kernels/weights.py), for the floor probe's widening rates
-WIDENED = {"float16": "f16", "bfloat16": "bf16", "int8": "int8"}
+WIDENED = {v: k for k, v in STORAGE_DTYPE.items()}
 
 
 def floor_of(sizes, dtype, storage=None):
@@ -527,7 +530,6 @@ def weight_storage_rows(spec, x, storages=STORAGES, n_error_rows=200):
     return rows, errors
 
 
-STORAGE_DTYPE = {"f16": "float16", "bf16": "bfloat16", "int8": "int8"}    # weight_bytes_of's names
 
 
 def storage_floors(errors, floor_of_storage):

@@ -37,8 +37,9 @@ MLP_INLINE void MLP_FN(activate_row)(T *restrict out, int pn, int code, T alpha)
     }
 }
 MLP_INLINE VT MLP_FN(ld_native)(const T *p) { return *(const VT *)p; }
-/* panel rows (mlp_core.h MLP_WEIGHTS): the vector at element offset off of a row; off is a constant once the
- * kernels' loops over their NB vectors unroll, so the paired bf16 branch folds away */
+/* panel rows (mlp_core.h MLP_WEIGHTS): the vector at element offset off of a row; where off is a constant
+ * (the kernels' loops over their NB vectors unrolled, wo constant) the paired bf16 branch folds away; where
+ * it is not (SSE2: wo is the pass's offset within the panel) it is a select, same result */
 MLP_INLINE VT MLP_FN(lda_native)(const T *w, int off) { return *(const VT *)(w + off); }
 MLP_INLINE VT MLP_FN(lda_h)(const uint16_t *w, int off) { return MLP_CAT(LDP, _h)(w + off); }
 MLP_INLINE VT MLP_FN(lda_q)(const int8_t *w, int off) { return MLP_CAT(LDP, _q)(w + off); }

@@ -133,8 +133,9 @@ MLP_INLINE VT LDP##_bph(const uint16_t *g) {                                    
  * the stack with mixed-width stores and reloads, and the failed store-to-load
  * forwarding costs more than the arithmetic. One VT is one register (32 bytes
  * with AVX2, 16 with SSE2); NB counts them (8 hide the FMA latency on two pipes).
- * W is one panel (see NAME##SFX##_panels): row i of the NB vectors is at W + i * stride,
- * and the rows follow each other in memory, so the pass streams it in order; the
+ * W is a panel (see NAME##SFX##_panels): row i of the NB vectors is at W + i * stride, QP
+ * vectors from each of NB / QP panels pstep elements apart (two for narrow weights on 64-byte
+ * vectors, one otherwise), and the rows follow each other in memory, so the pass streams them in order; the
  * software prefetch MLP_PREFETCH_BYTES ahead keeps the lines coming from L3 when the
  * weights do not fit L2 (`control-node bench policy` shows the result beside the measured cost
  * of reading the same bytes once in order). Prefetches do not fault, so reading past the end
@@ -227,8 +228,9 @@ MLP_INLINE VT NAME##_tsum(const VT *c) {                                        
  * storage and only the bytes read shrink.
  *
  * panels: out = b + W^T in for W in panels (pg / PW panels of (n_in, PW) values, PW = 256 bytes of T, each
- * contiguous): one pass of the 8-vector kernel per panel (two with 16-byte vectors; a 4-vector pass with
- * 64-byte ones). Dense axpy layers and the recurrent gates use it.
+ * contiguous): one pass of the 8-vector kernel per panel (two with 16-byte vectors; with 64-byte ones a
+ * 4-vector pass, or for narrow weights one 8-vector pass over two panels). Dense axpy layers and the recurrent
+ * gates use it.
  * layer_dot: BLK outputs at a time, one partial-sum vector each (the inputs run in the outer loop, so BLK
  * independent FMA chains overlap); the BLK vectors are then transposed and added in one shuffle tree. Wt has
  * its rows padded to 64 bytes of T (zero rows), so whole groups never read past it.

@@ -508,7 +508,7 @@ def walk_line(sc: dict, policy_s: float) -> str:
             f"{policy_s:.1f} s in policy")
 
 
-def summarize(res, client: MujocoClient, settings: dict) -> dict:
+def summarize(res, client: MujocoSim, settings: dict) -> dict:
     """summary.json of a MuJoCo run (role "sim", task "mujoco")."""
     sc, r, side = res["score"], client.robot, client.side
     rtt = res["rtt_ns"][res["rtt_ns"] >= 0]

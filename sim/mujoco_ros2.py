@@ -78,7 +78,11 @@ def ros2_settings(config, side: LeggedSide, command_topic=None, command_type=Non
             raise UserError(f"[ros2.action] field is {have!r} in {side.source}, and the node's [legged] output "
                             f"{side.output!r} needs the JointState's {field}. Fix: set [ros2.action] field = "
                             f"\"{field}\"")
-    return {"topics": topics, "command_topic": topic, "command_type": typ, "field": field}
+    from control_node.bridge.recipe import QOS
+    qos = action.get("qos", "reliable")
+    if qos not in QOS:
+        raise UserError(f"[ros2.action] qos is {qos!r} in {side.source}. Fix: use one of {', '.join(QOS)}")
+    return {"topics": topics, "command_topic": topic, "command_type": typ, "field": field, "command_qos": qos}
 
 
 class MujocoRos2(MujocoSim):
@@ -117,19 +121,27 @@ class MujocoRos2(MujocoSim):
             rclpy.init(domain_id=int(domain_id))
         self.node = rclpy.create_node("mujoco_sim")
         pub = self.node.create_publisher
-        self.pub_js = pub(JointState, self.topics["joint_states"], qos_profile_sensor_data)
-        self.pub_imu = pub(Imu, self.topics["imu"], qos_profile_sensor_data)
-        self.pub_twist = pub(Twist, self.topics["command"], qos_profile_sensor_data)
+        # the states are published reliable: a reliable writer matches a subscriber of either QoS the bridge's
+        # [ros2] qos may ask for (a best-effort one would miss a reliable reader)
+        state_qos = QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE)
+        self.pub_js = pub(JointState, self.topics["joint_states"], state_qos)
+        self.pub_imu = pub(Imu, self.topics["imu"], state_qos)
+        self.pub_twist = pub(Twist, self.topics["command"], state_qos)
         self.pub_mode = pub(String, self.topics["mode"], QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE))
-        reliable = QoSProfile(depth=100, reliability=ReliabilityPolicy.RELIABLE)
-        if self.command_type == "sensor_msgs/msg/JointState":
-            self.cmd_sub = self.node.create_subscription(JointState, self.command_topic, self._on_joint_state,
-                                                         reliable)
-        else:
-            self.cmd_sub = self.node.create_subscription(Float64MultiArray, self.command_topic, self._on_array,
-                                                         reliable)
+        # the mode's Bool first: a single-threaded executor serves ready subscriptions in creation order, so a
+        # Bool and a command ready in the same wait are taken Bool first (the bridge sends it first)
         self.node.create_subscription(Bool, self.topics["policy_active"], self._on_policy, QoSProfile(
             depth=1, reliability=ReliabilityPolicy.RELIABLE, durability=DurabilityPolicy.TRANSIENT_LOCAL))
+        # commands with the QoS the bridge publishes them with ([ros2.action] qos): a reliable reader never
+        # matches a best-effort writer
+        cmd_qos = (qos_profile_sensor_data if ros2.get("command_qos") == "sensor_data"
+                   else QoSProfile(depth=100, reliability=ReliabilityPolicy.RELIABLE))
+        if self.command_type == "sensor_msgs/msg/JointState":
+            self.cmd_sub = self.node.create_subscription(JointState, self.command_topic, self._on_joint_state,
+                                                         cmd_qos)
+        else:
+            self.cmd_sub = self.node.create_subscription(Float64MultiArray, self.command_topic, self._on_array,
+                                                         cmd_qos)
         r = robot
         self._js_names = list(r.joint_names)
         self._imu_frame = str(r.imu_site)

@@ -98,10 +98,23 @@ def test_every_activation_continuous(act, storage, isa, record_property):
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("storage", STORAGES)
 def test_wide_layers_run_several_panels_at_once(storage, isa, record_property):
-    # 300 and 130 outputs: several 256-byte panels per layer, an odd one left over, so the kernels that take two
-    # panels per pass (narrow weights on 64-byte vectors) and the single-panel one both run
+    # 300 outputs: five 256-byte panels (float32), so the kernels that take two panels per pass (narrow weights
+    # on 64-byte vectors) and the single-panel one both run
     spec = dense_spec("elu", "continuous", sizes=(20, 300, 130, 6))
+    need(isa)
+    assert Policy(spec, isa=isa, weights=storage).layout[0] == "axpy"      # the panels, not the dot form
     check_storage_case(spec, storage, isa, record_property, "elu wide")
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("storage", ["f16", "bf16", "int8"])
+@pytest.mark.parametrize("kind", ["dense", "lstm"])
+def test_float64_models_with_narrow_weights_on_every_copy(kind, storage, isa, record_property):
+    # float64 arithmetic on narrow weights: paired bf16 widened twice, the two-panel pass (AVX-512: 4 vectors of
+    # 8 doubles a panel), a recurrent layer's gate panels
+    spec = (dense_spec("elu", "continuous", dtype="float64", sizes=(20, 300, 130, 6)) if kind == "dense"
+            else rnn_spec("lstm", H=70, dtype="float64"))
+    check_storage_case(spec, storage, isa, record_property, f"float64 {kind}")
 
 
 @pytest.mark.parametrize("isa", ISAS)

@@ -258,9 +258,11 @@ class Converter:
     def sensor(self, m: dict):
         x = m.get("x")
         seq = m.get("seq")
+        if not isinstance(seq, int) or seq % self.every or m.get("warmup"):
+            return []                       # thinned first: most frames are not unpacked at all
         if isinstance(x, (bytes, bytearray)) and len(x) % 8 == 0:    # a bin x (docs/protocol.md: sim mujoco's)
             x = struct.unpack(f"<{len(x) // 8}d", x)
-        if not isinstance(x, (list, tuple)) or not isinstance(seq, int) or seq % self.every or m.get("warmup"):
+        if not isinstance(x, (list, tuple)):
             return []
         names = names_for(x, self.feature_names)
         t = int(m.get("t_ns", 0))
