@@ -141,6 +141,7 @@ def test_a_viewer_sees_a_legged_robots_joints_base_and_mode_by_name(tmp_path, le
     try:
         head = wait_for_line(live, "foxglove listening", timeout=60)
         wait_for_line(rec, "recording to", timeout=60)
+        robot.connect(base)             # ZeroMQ's slow joiner: the node's subscription is up before frames count
         v = viewer(port, tmp_path / "viewer.json", 4.5)
         t_end = time.monotonic() + 4.0
         rng = np.random.default_rng(23)
