@@ -119,6 +119,7 @@ def check_base(msgs, tfs, sent, op):
 
 @needs_sdk
 @needs_client
+@pytest.mark.slow                       # a node, live, record and the viewer for 4.5 s: spread among the slow tests
 def test_a_viewer_sees_a_legged_robots_joints_base_and_mode_by_name(tmp_path, legged_model):
     model, op = legged_model
     extra = LOOP + section_toml("legged", {**recipe(), "output": "torque",
