@@ -58,26 +58,35 @@ def sleep_until(due_ns):
             time.sleep((left - 100_000) / 1e9)
 
 
+def client_sockets(ctx, endpoints, curve=None, xpub=False):
+    """A simulated robot's two sockets: a PUB (an XPUB with ``xpub``: the node's subscription is then seen before
+    the first frame) connected to the node's sensor endpoint, and a SUB to its action endpoint; deep queues (a
+    lockstep or replay burst), ``curve`` client keys (control_node.security.client_curve) or plaintext."""
+    import zmq
+
+    from control_node.security import configure_client
+    pub = ctx.socket(zmq.XPUB if xpub else zmq.PUB)
+    pub.setsockopt(zmq.LINGER, 200)
+    pub.setsockopt(zmq.SNDHWM, 100000)
+    configure_client(pub, curve)
+    pub.connect(endpoints["sensor"])
+    sub = ctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.LINGER, 0)
+    sub.setsockopt(zmq.RCVHWM, 100000)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    configure_client(sub, curve)
+    sub.connect(endpoints["action"])
+    return pub, sub
+
+
 class ClosedLoop:
     def __init__(self, endpoints, tap=None, handshake_timeout=10.0, curve=None):
         """``curve``: client keys from control_node.security.client_curve (None: plaintext)."""
         import zmq
-
-        from control_node.security import configure_client
         self.zmq = zmq
         self.ctx = zmq.Context.instance()
         self.endpoints = endpoints
-        self.pub = self.ctx.socket(zmq.PUB)
-        self.pub.setsockopt(zmq.LINGER, 200)
-        self.pub.setsockopt(zmq.SNDHWM, 100000)
-        configure_client(self.pub, curve)
-        self.pub.connect(endpoints["sensor"])
-        self.sub = self.ctx.socket(zmq.SUB)
-        self.sub.setsockopt(zmq.LINGER, 0)
-        self.sub.setsockopt(zmq.RCVHWM, 100000)
-        self.sub.setsockopt(zmq.SUBSCRIBE, b"")
-        configure_client(self.sub, curve)
-        self.sub.connect(endpoints["action"])
+        self.pub, self.sub = client_sockets(self.ctx, endpoints, curve)
         self.tap = None
         self.tap_ep = tap
         if tap:

@@ -39,7 +39,7 @@ import numpy as np
 
 from control_node import rundir
 from control_node.errors import UserError
-from control_node.sim.engine import percentiles, sleep_until, write_summary
+from control_node.sim.engine import client_sockets, percentiles, sleep_until, write_summary
 from control_node.sim.mujoco_robot import CommandSchedule, Impedance, MujocoRobot, packaged_quadruped
 
 #: real time: when this process runs more than this late (a host stall), the simulated clock slips by the delay
@@ -373,24 +373,13 @@ class MujocoClient(MujocoSim):
                  timeout=10.0, tap=None, damp_at_s=None, control_endpoint=None):
         import zmq
 
-        from control_node.security import configure_client
         self._setup(side, robot, rate_hz=rate_hz, schedule=schedule, push_every_s=push_every_s, push=push,
                     seed=seed, lockstep=lockstep, pd_in_sim=pd_in_sim, timeout=timeout, damp_at_s=damp_at_s)
         self.zmq = zmq
         self.endpoints = endpoints
         self.control_endpoint, self.curve = control_endpoint, curve
         ctx = zmq.Context.instance()
-        self.pub = ctx.socket(zmq.XPUB)
-        self.pub.setsockopt(zmq.LINGER, 200)
-        self.pub.setsockopt(zmq.SNDHWM, 100000)
-        configure_client(self.pub, curve)
-        self.pub.connect(endpoints["sensor"])
-        self.sub = ctx.socket(zmq.SUB)
-        self.sub.setsockopt(zmq.LINGER, 0)
-        self.sub.setsockopt(zmq.RCVHWM, 100000)
-        self.sub.setsockopt(zmq.SUBSCRIBE, b"")
-        configure_client(self.sub, curve)
-        self.sub.connect(endpoints["action"])
+        self.pub, self.sub = client_sockets(ctx, endpoints, curve, xpub=True)
         self.tap, self.bound = None, []
         if tap:
             from control_node.endpoints import ensure_ipc_dir

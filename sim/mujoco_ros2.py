@@ -146,32 +146,14 @@ class MujocoRos2(MujocoSim):
         self._js_names = list(r.joint_names)
         self._imu_frame = str(r.imu_site)
         from control_node.bridge.ros2 import make_executor
-        self.executor = make_executor()
-        self.executor.add_node(self.node)
-        self.stop_spin = threading.Event()
-        self.spinner = threading.Thread(target=self._spin, name="ros2-spin", daemon=True)
-        self.spinner.start()
+        from control_node.sim.ros2_spin import Ros2Spin
+        self.spin = Ros2Spin(rclpy, self.node, make_executor())
 
     def where(self):
         return f"ROS 2 {self.topics['joint_states']} -> {self.command_topic}"
 
-    def _spin(self):
-        from rclpy.executors import ExternalShutdownException
-        try:
-            while not self.stop_spin.is_set() and self.rclpy.ok():
-                self.executor.spin_once(timeout_sec=0.05)
-        except ExternalShutdownException:
-            pass        # SIGINT: rclpy's own handler shut the context down under spin_once
-
     def close(self):
-        self.stop_spin.set()
-        self.spinner.join(2.0)
-        try:
-            self.node.destroy_node()
-            if self.rclpy.ok():
-                self.rclpy.shutdown()
-        except Exception:       # noqa: BLE001 - shutting down
-            pass
+        self.spin.close()
 
     # -- commands in ------------------------------------------------------------------------------------
     def _on_policy(self, msg):

@@ -19,7 +19,7 @@ import numpy as np
 from control_node import rundir
 from control_node.errors import UserError
 from control_node.sim import pendulum as P
-from control_node.sim.engine import sleep_until, write_summary
+from control_node.sim.engine import client_sockets, sleep_until, write_summary
 
 
 class PendulumClient:
@@ -36,21 +36,11 @@ class PendulumClient:
         "omega", "u"}`` (the live view's /sim/pendulum). None: not published, nothing spent on it."""
         import zmq
 
-        from control_node.security import configure_client
         if physics_hz % rate_hz and abs(physics_hz / rate_hz - round(physics_hz / rate_hz)) > 1e-9:
             raise UserError(f"--rate {rate_hz:g} must divide the physics rate {physics_hz:g} Hz")
         self.zmq = zmq
         ctx = zmq.Context.instance()
-        self.pub = ctx.socket(zmq.PUB)
-        self.pub.setsockopt(zmq.LINGER, 200)
-        configure_client(self.pub, curve)
-        self.pub.connect(endpoints["sensor"])
-        self.sub = ctx.socket(zmq.SUB)
-        self.sub.setsockopt(zmq.LINGER, 0)
-        self.sub.setsockopt(zmq.RCVHWM, 100000)
-        self.sub.setsockopt(zmq.SUBSCRIBE, b"")
-        configure_client(self.sub, curve)
-        self.sub.connect(endpoints["action"])
+        self.pub, self.sub = client_sockets(ctx, endpoints, curve)
         self.bound = []
         self.tap = self._bind_pub(ctx, tap, "sensor tap")
         self.state = self._bind_pub(ctx, state, "state stream")

@@ -67,19 +67,9 @@ class PendulumRos2:
         self.rng = np.random.default_rng(seed)
         self.handshake_timeout = handshake_timeout
         from rclpy.executors import SingleThreadedExecutor
-        self.executor = SingleThreadedExecutor()
-        self.executor.add_node(self.node)
-        self.stop_spin = threading.Event()
-        self.spinner = threading.Thread(target=self._spin, name="ros2-spin", daemon=True)
-        self.spinner.start()
 
-    def _spin(self):
-        from rclpy.executors import ExternalShutdownException
-        try:
-            while not self.stop_spin.is_set() and self.rclpy.ok():
-                self.executor.spin_once(timeout_sec=0.05)
-        except ExternalShutdownException:
-            pass        # SIGINT: rclpy's own handler shut the context down under spin_once
+        from control_node.sim.ros2_spin import Ros2Spin
+        self.spin = Ros2Spin(rclpy, self.node, SingleThreadedExecutor())
 
     def _on_command(self, msg):
         now = time.monotonic_ns()
@@ -93,14 +83,7 @@ class PendulumRos2:
         self.cmd_arrived.set()
 
     def close(self):
-        self.stop_spin.set()
-        self.spinner.join(2.0)
-        try:
-            self.node.destroy_node()
-            if self.rclpy.ok():
-                self.rclpy.shutdown()
-        except Exception:       # noqa: BLE001 - shutting down
-            pass
+        self.spin.close()
 
     def _publish(self, msg):
         self.published += 1

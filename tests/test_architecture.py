@@ -265,7 +265,7 @@ def test_every_package_folder_is_in_the_wheel():
 
 ROS_PACKAGES = ("rclpy", "sensor_msgs", "std_msgs", "geometry_msgs", "trajectory_msgs", "builtin_interfaces")
 ROS_TIER = ("control_node.bridge", "control_node.sim.pendulum_ros2", "control_node.sim.mujoco_ros2",
-            "control_node.bench.peers.ros2")
+            "control_node.sim.ros2_spin", "control_node.bench.peers.ros2")
 
 
 def ros_importers(sources: dict) -> set:

@@ -71,8 +71,8 @@ def action_columns(names, n, taken=()):
     return [f"u{i}" for i in range(n)]
 
 
-def recorded_action_names(path):
-    """The action names the recording's /diagnostics announce (``policy.action_names``), or None."""
+def recorded_snapshots(path):
+    """The recording's /diagnostics snapshots, decoded, in order (a torn one skipped: it names nothing)."""
     import msgpack
 
     from control_node.recording import DIAGNOSTICS
@@ -84,7 +84,14 @@ def recorded_action_names(path):
             d = msgpack.unpackb(data, raw=False, strict_map_key=False)
         except Exception:       # noqa: BLE001 - a torn message names nothing
             continue
-        pol = d.get("policy") if isinstance(d, dict) else None
+        if isinstance(d, dict):
+            yield d
+
+
+def recorded_action_names(path):
+    """The action names the recording's /diagnostics announce (``policy.action_names``), or None."""
+    for d in recorded_snapshots(path):
+        pol = d.get("policy")
         if isinstance(pol, dict) and isinstance(pol.get("action_names"), list):
             return [str(x) for x in pol["action_names"]]
     return None
@@ -92,18 +99,8 @@ def recorded_action_names(path):
 
 def recorded_policy(path):
     """The ``policy`` map the recording's /diagnostics announce, or {}."""
-    import msgpack
-
-    from control_node.recording import DIAGNOSTICS
-    from control_node.recording.reader import iter_messages
-    for topic, data, *_ in iter_messages(path):
-        if topic != DIAGNOSTICS:
-            continue
-        try:
-            d = msgpack.unpackb(data, raw=False, strict_map_key=False)
-        except Exception:       # noqa: BLE001 - a torn message names nothing
-            continue
-        if isinstance(d, dict) and isinstance(d.get("policy"), dict):
+    for d in recorded_snapshots(path):
+        if isinstance(d.get("policy"), dict):
             return d["policy"]
     return {}
 
@@ -111,19 +108,7 @@ def recorded_policy(path):
 def recorded_legged(path):
     """The legged names and frame layout the recording's /diagnostics announce (``legged`` with ``joints``), or
     None (not a legged node, or recorded before the snapshots carried them)."""
-    import msgpack
-
-    from control_node.recording import DIAGNOSTICS
-    from control_node.recording.reader import iter_messages
-    for topic, data, *_ in iter_messages(path):
-        if topic != DIAGNOSTICS:
-            continue
-        try:
-            d = msgpack.unpackb(data, raw=False, strict_map_key=False)
-        except Exception:       # noqa: BLE001 - a torn message names nothing
-            continue
-        if not isinstance(d, dict):
-            continue
+    for d in recorded_snapshots(path):
         lg = d.get("legged")    # the node's first snapshot says: every snapshot carries the same names
         return lg if isinstance(lg, dict) and lg.get("joints") and lg.get("frame") else None
     return None
