@@ -79,6 +79,22 @@ def client_sockets(ctx, endpoints, curve=None, xpub=False):
     return pub, sub
 
 
+def close_client(sockets, bound=()):
+    """Close a simulated robot's sockets (None skipped) and remove the ipc socket files of the endpoints it
+    bound (a tap, a state stream), so the next run can bind them again."""
+    from control_node.endpoints import ipc_path
+    for sock in sockets:
+        if sock is not None:
+            sock.close()
+    for ep in bound:
+        p = ipc_path(ep)
+        if p and os.path.exists(p):
+            try:
+                os.unlink(p)
+            except OSError:
+                pass
+
+
 class ClosedLoop:
     def __init__(self, endpoints, tap=None, handshake_timeout=10.0, curve=None):
         """``curve``: client keys from control_node.security.client_curve (None: plaintext)."""

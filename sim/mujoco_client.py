@@ -39,7 +39,7 @@ import numpy as np
 
 from control_node import rundir
 from control_node.errors import UserError
-from control_node.sim.engine import client_sockets, percentiles, sleep_until, write_summary
+from control_node.sim.engine import client_sockets, close_client, percentiles, sleep_until, write_summary
 from control_node.sim.mujoco_robot import CommandSchedule, Impedance, MujocoRobot, packaged_quadruped
 
 #: real time: when this process runs more than this late (a host stall), the simulated clock slips by the delay
@@ -396,18 +396,7 @@ class MujocoClient(MujocoSim):
         return f"sensor {self.endpoints['sensor']}, action {self.endpoints['action']}"
 
     def close(self):
-        from control_node.endpoints import ipc_path
-        self.pub.close()
-        self.sub.close()
-        if self.tap is not None:
-            self.tap.close()
-        for ep in self.bound:
-            p = ipc_path(ep)
-            if p and os.path.exists(p):
-                try:
-                    os.unlink(p)
-                except OSError:
-                    pass
+        close_client((self.pub, self.sub, self.tap), self.bound)
 
     def _handshake(self, x0, stopper):
         """The node's subscription seen on the XPUB (no frame is lost to the slow joiner); then, when the node

@@ -19,7 +19,7 @@ import numpy as np
 from control_node import rundir
 from control_node.errors import UserError
 from control_node.sim import pendulum as P
-from control_node.sim.engine import client_sockets, sleep_until, write_summary
+from control_node.sim.engine import client_sockets, close_client, sleep_until, write_summary
 
 
 class PendulumClient:
@@ -71,19 +71,7 @@ class PendulumClient:
         return s
 
     def close(self):
-        from control_node.endpoints import ipc_path
-        self.pub.close()
-        self.sub.close()
-        for s in (self.tap, self.state):
-            if s is not None:
-                s.close()
-        for ep in self.bound:                  # the socket files we bound
-            p = ipc_path(ep)
-            if p and os.path.exists(p):
-                try:
-                    os.unlink(p)
-                except OSError:
-                    pass
+        close_client((self.pub, self.sub, self.tap, self.state), self.bound)      # and the socket files we bound
 
     def _handshake(self, x0, stopper):
         """Send the first observation every 20 ms until an action answers one (ZeroMQ's slow joiner)."""
