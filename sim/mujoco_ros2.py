@@ -85,6 +85,26 @@ def ros2_settings(config, side: LeggedSide, command_topic=None, command_type=Non
     return {"topics": topics, "command_topic": topic, "command_type": typ, "field": field, "command_qos": qos}
 
 
+class TwistCommand:
+    """The velocity command as a ROS robot gets it from a teleop or a planner: the newest Twist on the command
+    topic ((linear.x, linear.y, angular.z); zero before the first), read where the schedule would be (``--cmd
+    ros``). A non-finite Twist is counted and not taken."""
+
+    def __init__(self):
+        self.value, self.received, self.refused = (0.0, 0.0, 0.0), 0, 0
+
+    def on_twist(self, msg):
+        v = (float(msg.linear.x), float(msg.linear.y), float(msg.angular.z))
+        if not all(math.isfinite(c) for c in v):
+            self.refused += 1
+            return
+        self.value = v
+        self.received += 1
+
+    def __call__(self, t_s):
+        return self.value
+
+
 class MujocoRos2(MujocoSim):
     """The ROS 2 transport: an rclpy node publishing the robot's state and taking its commands."""
 
@@ -126,7 +146,12 @@ class MujocoRos2(MujocoSim):
         state_qos = QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE)
         self.pub_js = pub(JointState, self.topics["joint_states"], state_qos)
         self.pub_imu = pub(Imu, self.topics["imu"], state_qos)
-        self.pub_twist = pub(Twist, self.topics["command"], state_qos)
+        # --cmd ros: the velocity command is a teleop's or a planner's on the command topic, read not written
+        self.twist_in = self.schedule if isinstance(self.schedule, TwistCommand) else None
+        if self.twist_in is None:
+            self.pub_twist = pub(Twist, self.topics["command"], state_qos)
+        else:
+            self.node.create_subscription(Twist, self.topics["command"], self.twist_in.on_twist, state_qos)
         self.pub_mode = pub(String, self.topics["mode"], QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE))
         # the mode's Bool first: a single-threaded executor serves ready subscriptions in creation order, so a
         # Bool and a command ready in the same wait are taken Bool first (the bridge sends it first)
@@ -243,9 +268,10 @@ class MujocoRos2(MujocoSim):
         r = self.robot
         d, sd = r.data, r.data.sensordata
         stamp = self._stamp()
-        tw = self.Twist()
-        tw.linear.x, tw.linear.y, tw.angular.z = (float(v) for v in (tuple(cmd) + (0.0, 0.0, 0.0))[:3])
-        self.pub_twist.publish(tw)
+        if self.twist_in is None:
+            tw = self.Twist()
+            tw.linear.x, tw.linear.y, tw.angular.z = (float(v) for v in (tuple(cmd) + (0.0, 0.0, 0.0))[:3])
+            self.pub_twist.publish(tw)
         imu = self.Imu()
         imu.header.stamp, imu.header.frame_id = stamp, self._imu_frame
         q = sd[r._quat_adr:r._quat_adr + 4]
@@ -346,5 +372,7 @@ class MujocoRos2(MujocoSim):
                 "command_field": self.field, "states_published": self.states_published,
                 "commands_received": self.commands, "commands_refused": {k: v for k, v in self.refused.items() if v},
                 "last_refusal": self.last_refusal,
+                "command_from": ("the command topic (--cmd ros): " + f"{self.twist_in.received} Twist taken, "
+                                 f"{self.twist_in.refused} non-finite refused") if self.twist_in else "--cmd schedule",
                 "policy_active_changes": [{"t_s": None if t0_ns is None else (t - t0_ns) / 1e9, "value": v}
                                           for t, v in self.policy_changes]}

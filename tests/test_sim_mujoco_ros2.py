@@ -5,7 +5,8 @@ real MuJoCo and a real node.
   packaged policy with falls 0; the walk is scored by the bridge's latched policy_active Bool;
 * a controller peer answering each JointState with JointState commands whose joints come in an order of their
   own: each torque lands on its joint BY NAME; malformed commands (a joint unknown, missing or twice, NaN, a
-  short array; a Float64MultiArray of a wrong width or with an Inf) are counted by reason and never applied.
+  short array; a Float64MultiArray of a wrong width or with an Inf) are counted by reason and never applied;
+  with ``--cmd ros`` the velocity command is the one a teleop publishes on /cmd_vel, not a schedule's.
 
 Every ROS 2 process runs in a private network namespace holding only ``lo`` with a private ROS_DOMAIN_ID
 (tests/test_ros2_bridge.py's fixtures)."""
@@ -97,6 +98,12 @@ node = rclpy.create_node("test_controller")
 typ = script["type"]
 pub = node.create_publisher(JointState if typ == "JointState" else Float64MultiArray, script["topic"],
                             QoSProfile(depth=100, reliability=ReliabilityPolicy.RELIABLE))
+twist = None
+if script.get("twist"):             # a teleop's velocity command on /cmd_vel, sent before each answer
+    from geometry_msgs.msg import Twist
+    tw_pub = node.create_publisher(Twist, "/cmd_vel", QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE))
+    twist = Twist()
+    twist.linear.x, twist.linear.y, twist.angular.z = script["twist"]
 done = threading.Event()
 
 def on_state(m):
@@ -105,6 +112,8 @@ def on_state(m):
         done.set()
         return
     c = script["steps"][k]
+    if twist is not None:
+        tw_pub.publish(twist)
     if typ == "JointState":
         out = JointState()
         out.name = c["name"]
@@ -125,18 +134,20 @@ CFG_EXTRA = 'actuators = ["RR_calf_joint", "RR_thigh_joint", "RR_hip_joint", "RL
             '             "FL_thigh_joint", "FL_hip_joint"]\n'
 
 
-def run_against_controller(ns, tmp_path, name, typ, steps, n_frames):
-    """``sim mujoco --ros2 --lockstep`` for ``n_frames`` frames (1 ms each) against the scripted controller."""
+def run_against_controller(ns, tmp_path, name, typ, steps, n_frames, twist=None):
+    """``sim mujoco --ros2 --lockstep`` for ``n_frames`` frames (1 ms each) against the scripted controller;
+    ``twist``: the controller also publishes that velocity command on /cmd_vel and the sim reads it (--cmd ros)."""
     script = tmp_path / f"{name}.json"
-    script.write_text(json.dumps({"type": typ, "topic": "/test/commands", "step_s": 0.001, "steps": steps}))
+    script.write_text(json.dumps({"type": typ, "topic": "/test/commands", "step_s": 0.001, "steps": steps,
+                                  "twist": twist}))
     peer_py = tmp_path / "controller.py"
     peer_py.write_text(PEER)
     peer = ns.popen(sys.executable, str(peer_py), str(script), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     sim = ns.popen(sys.executable, "-m", "control_node", "sim", "mujoco", "--ros2", "--lockstep", "--config",
                    str(tmp_path / "node.toml"), "--command-topic", "/test/commands", "--command-type", typ,
                    "--duration", f"{n_frames / 1000:g}", "--dt", "0.001", "--keyframe", "crouch", "--timeout",
-                   str(ROBOT_TIMEOUT_S), "--run-dir", str(tmp_path / name), stdout=subprocess.PIPE,
-                   stderr=subprocess.STDOUT)
+                   str(ROBOT_TIMEOUT_S), "--run-dir", str(tmp_path / name), *(["--cmd", "ros"] if twist else []),
+                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     sout, _ = sim.communicate(timeout=120)
     peer.kill()
     pout, _ = peer.communicate(timeout=10)
@@ -205,9 +216,15 @@ def test_commands_by_joint_name_and_malformed_ones_refused(netns, tmp_path):  # 
             d[0] = float("inf")
         steps.append({"data": d})
         want.append(want[-1] if k in bad else data[k])
-    s, tr, out = run_against_controller(netns, tmp_path, "array", "Float64MultiArray", steps, m)
+    twist = [0.3, 0.1, -0.2]        # and the velocity command a teleop's, read from /cmd_vel (--cmd ros)
+    s, tr, out = run_against_controller(netns, tmp_path, "array", "Float64MultiArray", steps, m, twist=twist)
     assert s["commands_refused"] == {"wrong_width": 2, "non_finite": 1} and s["commands_bad_width"] == 2, s
     np.testing.assert_allclose(tr["torque"], np.asarray(want), rtol=0, atol=1e-9)
+    # the frames carry the teleop's command (the last n_commands columns) from the step after its first Twist on
+    assert s["ros2"]["command_from"].startswith("the command topic (--cmd ros)"), s["ros2"]
+    cmd = np.load(tmp_path / "array" / "frames.npz")["x"][:, -3:]
+    assert (cmd[:2] == 0).all() or (cmd[:2] == twist).all(), cmd[:3]       # zero before the first Twist
+    np.testing.assert_array_equal(cmd[-(m - 5):], np.tile(twist, (m - 5, 1)))
 
 
 def test_the_policy_state_topic_is_checked_and_joint_state_commands_need_the_output_field(tmp_path):

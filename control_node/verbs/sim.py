@@ -87,7 +87,9 @@ def register(sub):
                          "packaged quadruped has \"crouch\": lying, for the node's stand-up ramp")
     mj.add_argument("--cmd", default="0:0.4", metavar="SCHEDULE",
                     help="velocity command schedule, seconds from the start: TIME:VX[,VY][@YAW_RATE],... e.g. "
-                         "\"0:0,3:0.4,10:0.4@0.5\" (default: %(default)s)")
+                         "\"0:0,3:0.4,10:0.4@0.5\" (default: %(default)s); with --ros2 it is published as the "
+                         "Twist the bridge reads, and \"ros\" instead reads that topic (a teleop's /cmd_vel) and "
+                         "scores the walk against what it says")
     mj.add_argument("--pd-in-sim", action="store_true",
                     help="the PD runs here at physics rate from the node's impedance commands (the baseline to "
                          "compare with the node's PD at its loop rate, output \"torque\"); refused when the node "
@@ -354,7 +356,14 @@ def _mujoco(args, eps, curve):
     if args.delay_us < 0 or not 0 <= args.drop < 1:
         raise UserError("--delay-us must be >= 0 and --drop a probability in [0, 1)")
     side = LeggedSide(args.config)
-    schedule = CommandSchedule.parse(args.cmd)
+    if args.cmd.strip() == "ros":
+        if not args.ros2:
+            raise UserError("--cmd ros takes the velocity command from a ROS 2 topic, and without --ros2 the frames "
+                            "carry the schedule's. Fix: add --ros2, or give a schedule (TIME:VX[,VY][@YAW_RATE],...)")
+        from control_node.sim.mujoco_ros2 import TwistCommand
+        schedule = TwistCommand()
+    else:
+        schedule = CommandSchedule.parse(args.cmd)
     duration = 10.0 if args.duration is None else float(args.duration)
     dt_probe = args.dt
     robot = build_robot(args.file, side, dt=dt_probe, drop=args.drop, seed=args.seed, keyframe=args.keyframe)
