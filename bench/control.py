@@ -71,10 +71,23 @@ NODE_DELAYS_MS = (0, 40, 80, 120, 160, 300)
 NODE_STARTS = (np.pi, -2.0)
 
 
+def launch_summaries(r, run_dir):
+    """(sim, node) summary.json of a finished ``control-node launch`` run (``r``: its CompletedProcess), or
+    RuntimeError with the end of its output when it failed."""
+    import json
+    import os
+    if r.returncode != 0:
+        raise RuntimeError(f"launch failed ({r.returncode}): {r.stdout[-2000:]}{r.stderr[-2000:]}")
+    with open(os.path.join(run_dir, "sim", "summary.json")) as f:
+        sim = json.load(f)
+    with open(os.path.join(run_dir, "node", "summary.json")) as f:
+        node = json.load(f)
+    return sim, node
+
+
 def run_through_node(model_path, delay_ms, theta0, duration_s, tmp):
     """One `control-node launch` of node + `sim pendulum` (policy at 50 Hz in the 1 kHz loop) with
     ``delay_ms`` of added transport delay, from ``theta0``; the simulator's control score."""
-    import json
     import os
     import subprocess
     import sys
@@ -92,12 +105,7 @@ def run_through_node(model_path, delay_ms, theta0, duration_s, tmp):
     r = subprocess.run([sys.executable, "-m", "control_node", "launch", cfg, "--duration", str(duration_s),
                         "--run-dir", run_dir], cwd=CHILD_CWD, env=child_env(), capture_output=True, text=True,
                        timeout=duration_s + 120)
-    if r.returncode != 0:
-        raise RuntimeError(f"launch failed ({r.returncode}): {r.stdout[-2000:]}{r.stderr[-2000:]}")
-    with open(os.path.join(run_dir, "sim", "summary.json")) as f:
-        sim = json.load(f)
-    with open(os.path.join(run_dir, "node", "summary.json")) as f:
-        node = json.load(f)
+    sim, node = launch_summaries(r, run_dir)
     c = sim["control"]
     return {"delay_ms": delay_ms, "theta0": theta0, "time_to_upright_s": c["time_to_upright_s"],
             "rms_error_deg": None if c["rms_error_rad"] is None else float(np.degrees(c["rms_error_rad"])),
@@ -328,12 +336,7 @@ def quadruped_row(label, tmp, duration_s, sim_args=(), legged=None, stall_ms=0.0
         if staller is not None:
             staller.kill()
             staller.wait()
-    if r.returncode != 0:
-        raise RuntimeError(f"launch failed ({r.returncode}): {r.stdout[-2000:]}{r.stderr[-2000:]}")
-    with open(os.path.join(run_dir, "sim", "summary.json")) as f:
-        sim = json.load(f)
-    with open(os.path.join(run_dir, "node", "summary.json")) as f:
-        node = json.load(f)
+    sim, node = launch_summaries(r, run_dir)
     sc = sim["score"]
     return {"setting": label, "distance_m": sc["distance_m"], "vx": sc["mean_velocity"]["vx"],
             "command_vx": sc["mean_command"]["vx"], "falls": sc["falls"], "tracking_rms_vx": sc["tracking_rms"]["vx"],

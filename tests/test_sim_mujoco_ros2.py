@@ -25,7 +25,6 @@ pytest.importorskip("rclpy", reason="rclpy is missing: pip install -e '.[ros2]' 
 
 from support.nodeutil import quiet_node_toml  # noqa: E402
 from test_ros2_bridge import netns  # noqa: E402,F401
-from control_node.bench.harness import run_cli  # noqa: E402
 from control_node.endpoints import default_config  # noqa: E402
 
 # a lockstep robot's clock stands still while it waits for a command, and DDS discovery on a loaded host can take
@@ -227,7 +226,7 @@ def test_commands_by_joint_name_and_malformed_ones_refused(netns, tmp_path):  # 
     np.testing.assert_array_equal(cmd[-(m - 5):], np.tile(twist, (m - 5, 1)))
 
 
-def test_the_policy_state_topic_is_checked_and_joint_state_commands_need_the_output_field(tmp_path):
+def test_the_policy_state_topic_is_checked_and_joint_state_commands_need_the_output_field(netns, tmp_path):  # noqa: F811
     """[ros2.legged] policy_active must be an absolute topic (refused naming the key); a JointState command
     whose [ros2.action] field does not fit the node's output is refused before anything starts, naming the fix."""
     from control_node.bridge.recipe import load_recipe
@@ -239,7 +238,10 @@ def test_the_policy_state_topic_is_checked_and_joint_state_commands_need_the_out
     assert load_recipe(default_config("quadruped_ros2.toml")).policy_topic == "/control_node/policy_active"
     js = tmp_path / "js.toml"
     js.write_text(packaged(**{'type = "std_msgs/msg/Float64MultiArray"': 'type = "sensor_msgs/msg/JointState"'}))
-    p = run_cli("sim", "mujoco", "--ros2", "--config", js, "--run-dir", tmp_path / "r", "--duration", "0.1")
-    lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
-    assert p.returncode == 2 and len(lines) == 1, p.stdout + p.stderr
+    # in the namespace too: the refusal comes before rclpy starts, and a regression that started it would stay on lo
+    p = netns.popen(sys.executable, "-m", "control_node", "sim", "mujoco", "--ros2", "--config", js, "--run-dir",
+                    tmp_path / "r", "--duration", "0.1", stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out, err = p.communicate(timeout=60)
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert p.returncode == 2 and len(lines) == 1, out + err
     assert "[ros2.action] field" in lines[0] and 'field = "effort"' in lines[0], lines[0]

@@ -18,13 +18,7 @@ from control_node.loop import legged
 cnp.import_array()
 
 
-cdef extern from "<time.h>" nogil:
-    ctypedef long time_t
-    cdef struct timespec:
-        time_t tv_sec
-        long tv_nsec
-    int clock_gettime(int clk, timespec *ts)
-    enum: CLOCK_MONOTONIC
+from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec     # Cython's own POSIX declarations
 
 
 cdef inline int64_t _now_ns() noexcept nogil:
